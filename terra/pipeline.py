@@ -51,8 +51,7 @@ class RolloutResult:
     pass_stats: PassStats | None = None  # forward passes of the generated frames
 
     def pass_record(self) -> dict:
-        """The forward passes of the generated frames, for a sidecar: the decoding that ran, its draft_tokens, passes
-        per frame."""
+        """The forward passes of the generated frames, for a sidecar."""
         return (self.pass_stats or PassStats()).as_dict(self.sampling)
 
 
@@ -209,8 +208,7 @@ class WorldModelPipeline:
 
     def frames(self, codes: np.ndarray, seed: int | None = None, refiner: "VideoRefiner | None" = None,
                progress: bool = False) -> tuple[np.ndarray, dict[str, float]]:
-        """A rollout's codes ``[T, h, w]`` → uint8 frames and the timings of the decoding: the one place where
-        ``decoder=tokenizer`` (the tokenizer's decoder, frame by frame) and ``decoder=refiner`` part ways."""
+        """A rollout's codes ``[T, h, w]`` → uint8 frames and the timings of the decoding."""
         start = time.perf_counter()
         if refiner is None:
             return self.decode(codes), {"decode_s": time.perf_counter() - start}

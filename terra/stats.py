@@ -102,8 +102,7 @@ def cluster_interval(statistic: Callable[[np.ndarray], np.ndarray], clusters: Cl
 
 def record_interval(statistic: Callable[[np.ndarray], float], scenarios: Sequence[Hashable],
                     bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The interval of any statistic of per-drive records: ``statistic(indices) -> float`` of the records at
-    ``indices`` (a record repeated as often as its scenario was drawn)."""
+    """The interval of any statistic of per-drive records."""
     clusters = Clusters.of(scenarios)
     members = [np.flatnonzero(clusters.index == c) for c in range(clusters.size)]
     replicates = np.empty(bootstrap.draws)
@@ -187,8 +186,7 @@ def regression_slope(scenarios: Sequence[Hashable], x: np.ndarray, y: np.ndarray
 
 def within_slope(scenarios: Sequence[Hashable], groups: Sequence[Hashable], x: np.ndarray, y: np.ndarray,
                  bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """Least-squares slope of ``y`` on ``x`` with an intercept of its own for each group (a drive): how y moves with
-    x within a group, blind to differences between the groups' means (the fixed-effects, or within, estimator)."""
+    """Least-squares slope of ``y`` on ``x`` with an intercept of its own for each group (a drive)."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if not len(scenarios) == len(groups) == len(x) == len(y):
         raise ValueError(f"{len(scenarios)} scenarios, {len(groups)} groups, {len(x)} x and {len(y)} y: one each per "
@@ -221,8 +219,7 @@ class DriveValues:
 
 @dataclass(frozen=True)
 class RankAgreement:
-    """How two worlds rank the policies by their mean metric: Kendall's tau-b, Spearman's rho, Pearson's r of the
-    means and the mean maximum rank violation (:func:`mmrv_rows`, world a judged against world b), with intervals."""
+    """How two worlds rank the policies by their mean metric."""
 
     policies: tuple
     means_a: np.ndarray  # [P] per-policy mean in world a
@@ -304,8 +301,7 @@ def rank_agreement(a: DriveValues, b: DriveValues, bootstrap: Bootstrap = Bootst
 
 
 def few_clusters_factor(clusters: int, level: float = 0.95) -> float:
-    """How much wider than the bootstrap's an interval over ``clusters`` scenarios must be: ``sqrt(C / (C - 1))
-        t_{C-1} / z``."""
+    """The factor ``sqrt(C / (C - 1)) t_{C-1} / z`` that widens a bootstrap interval over ``clusters`` scenarios."""
     from scipy.stats import norm, t
 
     if clusters < 2:

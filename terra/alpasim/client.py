@@ -84,8 +84,7 @@ class RuntimeClient:
 
     def start(self, frame: bytes, seed: int = 0, cameras: int = 1, resolution: tuple[int, int] = (0, 0),
               **fields) -> pb.SessionId:
-        """``start_session`` with ``cameras`` copies of one camera and its initial ``frame`` (JPEG bytes); ``fields``
-        set or replace any of the request's fields."""
+        """``start_session`` with ``cameras`` copies of one camera and its initial ``frame`` (JPEG bytes)."""
         request = {
             "static_world_map": pb.StaticWorldMap(hdmap_parquets=b"PK\x05\x06" + bytes(18)),  # an empty zip
             "text_prompt": pb.TextPrompt(positive="a sunny day"),

@@ -36,8 +36,7 @@ def client_id(value: Any, field: str) -> str:
 
 
 def enum_name(enum: Any, value: int, field: str) -> str:
-    """The name of ``value`` in the proto enum ``enum``; a value the proto does not name is a :class:`RequestError`
-    (proto3 keeps unknown enum numbers as they were sent)."""
+    """The name of ``value`` in the proto enum ``enum``."""
     try:
         return enum.Name(value)
     except ValueError:

@@ -27,8 +27,7 @@ class SessionMap:
     told_off_road: bool = False
 
     def context_routes(self) -> np.ndarray | None:
-        """The routes the session's rollout opens with: its one context frame's, which no route slot holds, so "no
-        route" rows."""
+        """The routes the session's rollout opens with."""
         return None if self.road is None else no_route(1, self.route_tokens)
 
     def routes(self, poses: np.ndarray) -> np.ndarray | None:
@@ -50,8 +49,7 @@ class SessionMap:
 
 
 def release_map_memory() -> None:
-    """Return the memory a map's reading freed to the system: Arrow's pool keeps it for its next tables, and glibc's
-    heap the Python objects' (a long-running server would hold a map's peak for every later session)."""
+    """Return the memory a map's reading freed to the system."""
     import sys
 
     if "pyarrow" in sys.modules:

@@ -72,8 +72,7 @@ class RigTrack:
         self.frames = 0  # frames rendered after the initial one
 
     def plan(self, times_us: np.ndarray, poses: np.ndarray) -> Chunk:
-        """Check a chunk's timestamps ``[m]`` (µs) and planar ``poses`` ``[m, 3]`` against the track; its frames'
-        actions."""
+        """Check a chunk's timestamps ``[m]`` (µs) and planar ``poses`` ``[m, 3]`` against the track."""
         times_us = np.asarray(times_us, dtype=np.int64)
         if not len(times_us):
             raise TerraInputError("rig_trajectory holds no poses; send one pose per frame to render")

@@ -91,8 +91,7 @@ class TokenCheck(grpc.ServerInterceptor):
 
 
 class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
-    """The four calls of ``omnidreams.video_model.WorldModelService`` on ``table``'s sessions; ``model`` names the
-    world model in :meth:`get_version`."""
+    """The four calls of ``omnidreams.video_model.WorldModelService`` on ``table``'s sessions."""
 
     def __init__(self, table: SessionTable, model: str) -> None:
         self.table = table

@@ -85,8 +85,7 @@ class Rendered:
 
 
 def frame_size(asked: tuple[int, int], native: tuple[int, int]) -> tuple[int, int]:
-    """The size ``(H, W)`` frames are sent at for a camera that asks for ``asked`` (``(0, 0)``: the model's own): the
-    model's frames resized to any size of their aspect ratio, up to :data:`MAX_UPSCALE` times larger."""
+    """The size ``(H, W)`` frames are sent at for a camera that asks for ``asked`` (``(0, 0)``: the model's own)."""
     if asked == (0, 0):
         return native
     height, width = asked
@@ -237,8 +236,7 @@ class SessionTable:
             session.busy.release()
 
     def check_room(self, session: AlpasimSession, count: int) -> None:
-        """Refuse a chunk of ``count`` poses beyond what ``session`` may still render (``alpasim.max_frames``): the
-        service asks before it reads the poses, :meth:`render` again once the chunk is the session's."""
+        """Refuse a chunk of ``count`` poses beyond what ``session`` may still render (``alpasim.max_frames``)."""
         left = self.settings.max_frames - session.track.frames
         if count > left:
             raise OutOfFrames(f"session {session.id} has rendered {session.track.frames} frames and may render "

@@ -24,8 +24,7 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a full quot
 
 
 def write_failed(path: str | os.PathLike, err: OSError) -> TerraInputError:
-    """The one line of a write to ``path`` that failed with ``err`` (no space, a file too large, not writable): the
-    user's to fix, so every app ends with it (exit 2), never with an internal error."""
+    """The one line of a write to ``path`` that failed with ``err`` (no space, a file too large, not writable)."""
     return TerraInputError(f"cannot write {path} ({err.strerror or err}); free disk space or choose another output "
                            "folder")
 
@@ -142,8 +141,7 @@ def sweep_stale(folder: str | os.PathLike) -> None:
 
 
 def written(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, list]:
-    """Each file's ``[size, SHA-256]`` as written into ``folder`` (a folder's: its files', by name inside it): what
-    its record keeps, so that a rerun keeps only what :func:`whole_files` finds as written."""
+    """Each file's ``[size, SHA-256]`` as written into ``folder`` (a folder's: its files', by name inside it)."""
     root, sizes = Path(folder), {}
     for name in names:
         path = root / name
@@ -178,8 +176,7 @@ def _finite(value):
 
 
 def json_text(value, indent: int | None = None, **options) -> str:
-    """``value`` as strict JSON text (no NaN or Infinity: such numbers become ``null``); ``options`` go to
-    :func:`json.dumps` (``sort_keys``, ``separators``, ``ensure_ascii``)."""
+    """``value`` as strict JSON text (no NaN or Infinity: such numbers become ``null``)."""
     return json.dumps(_finite(value), indent=indent, allow_nan=False, **options)
 
 

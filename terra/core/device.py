@@ -39,8 +39,7 @@ def resolve_device(device: str = "auto") -> str:
 
 
 def auto_dtype(device: str, dtype: str = "auto") -> str:
-    """The dtype name ``auto`` stands for on a resolved ``device``: bfloat16 on a GPU, float32 on a CPU; any other
-    name as it is."""
+    """The dtype name ``auto`` stands for on a resolved ``device``: bfloat16 on a GPU, float32 on a CPU."""
     if dtype != "auto":
         return dtype
     return "bfloat16" if device.startswith("cuda") else "float32"

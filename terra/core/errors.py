@@ -11,8 +11,7 @@ class TerraInputError(ValueError):
 
 
 def error_reason(err: BaseException, limit: int = 200) -> str:
-    """What a third-party reader's exception says went wrong, as a short phrase for a one-line message: its first
-    sentence, cut to ``limit`` characters only when that sentence alone is longer."""
+    """What a third-party reader's exception says went wrong, as a short phrase for a one-line message."""
     text = str(err).strip()
     refused = text.startswith("Weights only load failed")
     marker = "WeightsUnpickler error:"
@@ -46,8 +45,7 @@ MAX_QUOTE_CHARS = 200  # user text quoted in a message
 
 
 def quoted(text: object) -> str:
-    """User text (a name, an id, a cell) as a message quotes it: its ``repr``, cut to :data:`MAX_QUOTE_CHARS`
-    characters, its length said where cut (a 20 MiB map id is no 20-million-character line)."""
+    """User text (a name, an id, a cell) as a message quotes it."""
     text = str(text)
     shown = repr(text[:MAX_QUOTE_CHARS])
     if len(text) <= MAX_QUOTE_CHARS and len(shown) <= MAX_QUOTE_CHARS:
@@ -56,8 +54,7 @@ def quoted(text: object) -> str:
 
 
 def clipped(text: object) -> str:
-    """User text named unquoted (a file's name in an archive): cut to :data:`MAX_QUOTE_CHARS` characters like
-    :func:`quoted`."""
+    """User text named unquoted (a file's name in an archive)."""
     text = str(text)
     return text if len(text) <= MAX_QUOTE_CHARS else f"{text[: MAX_QUOTE_CHARS - 3]}... ({len(text)} characters)"
 
@@ -72,8 +69,7 @@ def _gpu_out_of_memory(err: BaseException) -> bool:
 
 
 def error_line(err: BaseException, limit: int = MAX_ERROR_CHARS, memory_advice: str = "give smaller inputs") -> str:
-    """An exception as one line of at most ``limit`` characters, for a record of what failed: user errors keep their
-    message, others get their type name first."""
+    """An exception as one line of at most ``limit`` characters, for a record of what failed."""
     text = " ".join(str(err).split())
     if _gpu_out_of_memory(err):  # the fix first: a long detail is what gets cut
         text = f"the GPU ran out of memory: {memory_advice} (torch.OutOfMemoryError: {text or 'no detail'})"

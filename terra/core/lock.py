@@ -74,8 +74,7 @@ def _write_holder(fd: int) -> None:
 
 @contextmanager
 def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -> Iterator[Path]:
-    """Hold the lock of the run that writes ``manifest_path`` (its folder created if needed) for the block; a second
-    holder fails at once with one line naming the first."""
+    """Hold the lock of the run that writes ``manifest_path`` (its folder created if needed) for the block."""
     path = Path(os.path.abspath(lock_path(manifest_path)))
     created = missing_folders(path.parent)
     try:

@@ -26,14 +26,12 @@ def shows_bars(progress: bool = True) -> bool:
 
 
 def prints_lines(progress: bool = True) -> bool:
-    """Whether a run that asks for ``progress`` prints progress lines: when stdout is not a terminal (a log, CI,
-    ``nohup``) or no bar shows."""
+    """Whether a run that asks for ``progress`` prints progress lines."""
     return bool(progress) and not in_notebook() and not (sys.stdout.isatty() and sys.stderr.isatty())
 
 
 def announce(text: str, progress: bool = True) -> None:
-    """A line of a run that asks for ``progress`` about what it is doing (its plan, a stage): on stdout where
-    progress lines print (a log), on stderr above the bars where they show (a terminal)."""
+    """A line of a run that asks for ``progress`` about what it is doing (its plan, a stage)."""
     if prints_lines(progress):
         print(text, flush=True)
     if shows_bars(progress):
@@ -51,9 +49,7 @@ def duration(seconds: float) -> str:
 
 
 class Progress:
-    """A count of ``unit`` towards ``total``, named ``desc``: a tqdm bar where :func:`shows_bars`, progress lines
-    where :func:`prints_lines` (both with ``enabled``; lines only with ``lines``, for the one count of a run that
-    tells its progress)."""
+    """A count of ``unit`` towards ``total``, named ``desc``."""
 
     def __init__(self, total: float | None = None, desc: str = "", unit: str = "it", enabled: bool = True,
                  lines: bool = True, every_s: float | None = None, **bar_options: Any) -> None:

@@ -29,8 +29,7 @@ class ClusterSettings(Protocol):
 
 
 class RayCluster:
-    """A run's Ray cluster: :meth:`connect` before any output is written, :meth:`close` at the end; ``count`` and
-    ``options`` are its actors' number and ``ray.remote`` options."""
+    """A run's Ray cluster: :meth:`connect` before any output is written, :meth:`close` at the end."""
 
     def __init__(self, settings: ClusterSettings, device: str, tensor_parallel_size: int = 1) -> None:
         self.settings = settings

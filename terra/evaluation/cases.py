@@ -46,8 +46,7 @@ class AdherenceCase:
 
 
 def drive_scene_seed(seed: int, index: int) -> int:
-    """The scene seed of drive ``index`` drawn by ``terra.sim.clips.random_drive(default_rng([seed, index]))``: its
-    first draw (how ``terra-make-dataset`` draws clip ``index`` of a dataset made with ``seed``)."""
+    """The scene seed of drive ``index`` drawn by ``terra.sim.clips.random_drive(default_rng([seed, index]))``."""
     return int(np.random.default_rng([seed, index]).integers(2**31))
 
 

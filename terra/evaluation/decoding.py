@@ -31,8 +31,7 @@ COUNTS = {"rollouts": Range(1, 4096, 32, whole=True), "context": Range(1, 1000, 
 
 @dataclass(frozen=True)
 class DecodingSettings:
-    """What :func:`measure_decoding` measures, checked when made: each mode's sampling settings are known to be good
-    before the model loads."""
+    """What :func:`measure_decoding` measures, checked when made."""
 
     world_model: str  # world-model folder (config.json + safetensors)
     tokenizer: str  # the tokenizer folder its data was encoded with
@@ -154,8 +153,7 @@ def previous_frame_hits(codes: np.ndarray, first: int) -> dict[str, float]:
 
 
 def measure_decoding(settings: DecodingSettings) -> dict[str, Any]:
-    """Load the pair once, run every mode on the same rollouts, write the report to ``settings.out`` and return it; a
-    line per mode on stdout."""
+    """Load the pair once, run every mode on the same rollouts, write the report to ``settings.out`` and return it."""
     from terra.pipeline import WorldModelPipeline
 
     pipeline = WorldModelPipeline.from_pretrained(settings.world_model, settings.tokenizer, backend="hf",
@@ -196,8 +194,7 @@ def measure_decoding(settings: DecodingSettings) -> dict[str, Any]:
 
 
 def compare(modes: list[dict[str, Any]], generated: dict[tuple[str, float], np.ndarray]) -> list[dict[str, Any]]:
-    """Each speculative mode against sequential decoding at its temperature: how many times fewer passes, and whether
-    its codes equal the sequential ones (they must, greedy or sampled, up to floating-point near-ties)."""
+    """Each speculative mode against sequential decoding at its temperature."""
     passes = {(m["mode"], m["temperature"]): m["passes_per_frame"] for m in modes}
     rows = []
     for (name, temperature), spec_passes in passes.items():

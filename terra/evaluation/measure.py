@@ -101,8 +101,7 @@ def _mse(a: np.ndarray, b: np.ndarray) -> float:
 def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase], n_ctx: int,
                        horizons: list[int], sampling: SamplingConfig, seed: int, progress: bool,
                        say: Callable[[str], None] | None = None) -> dict:
-    """Attribute each rollout to the closest candidate manoeuvre; accuracy per pair (both rollouts right); ``say`` as
-    in :func:`evaluate_quality`."""
+    """Attribute each rollout to the closest candidate manoeuvre."""
     horizon = next(iter(cases[0].clips.values())).num_frames - n_ctx
     steps = sorted({h for h in horizons if h <= horizon}) or [horizon]
     contexts = pipeline.encode(frames_to_tensor(np.concatenate([c.clips[c.pair[0]].frames[:n_ctx] for c in cases])))

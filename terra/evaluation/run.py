@@ -89,8 +89,7 @@ def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: l
 
 def _measured(spec: EvaluateSpec, phases: list[Phase], pipeline: WorldModelPipeline | None,
               sampling: SamplingConfig, say: Callable[[str], None]) -> dict:
-    """The report's header and every phase's results: kept ones as their files hold them, the others measured and
-    kept as each finishes (``phase.done`` set)."""
+    """The report's header and every phase's results."""
     if pipeline is not None:
         made_by = {"backend": type(pipeline.backend).__name__, "device": str(pipeline.device),
                    "image_size": list(pipeline.image_size),
@@ -129,8 +128,7 @@ def _header(spec: EvaluateSpec, made_by: dict) -> dict:
 
 
 def _unreadable(spec: EvaluateSpec, phase: Phase) -> str | None:
-    """Why a kept phase's record lacks what the report reads of it (None: the report reads it whole): its pipeline
-    and result are put through the report's targets and table as they would be."""
+    """Why a kept phase's record lacks what the report reads of it (None: the report reads it whole)."""
     try:
         report = {**_header(spec, phase.kept["pipeline"]), phase.key: phase.kept["result"], "reused": [],
                   "timings": {"total_s": 0.0}, "path": ""}

@@ -97,14 +97,12 @@ class EvaluateSpec:
 
     @property
     def rollouts_in_flight(self) -> int:
-        """The most rollouts one ``generate`` call carries: a measurement sends all of its rollouts at once, an
-        adherence case two per pair."""
+        """The most rollouts one ``generate`` call carries."""
         return max(self.quality.num_clips, 2 * self.adherence.num_cases * len(self.adherence.pairs))
 
 
 def evaluate_spec(cfg: DictConfig) -> EvaluateSpec:
-    """Every setting of `evaluate` checked once, without importing torch, and ``out_dir`` claimed; one
-    :class:`TerraInputError` line for a bad one."""
+    """Every setting of `evaluate` checked once, without importing torch, and ``out_dir`` claimed."""
     values = check_settings(cfg, SETTINGS)
     if values["quality.num_clips"] == 0 and values["adherence.num_cases"] == 0:
         raise TerraInputError("nothing to evaluate: set quality.num_clips or adherence.num_cases above 0")

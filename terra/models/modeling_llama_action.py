@@ -45,8 +45,8 @@ def build_action_projection(config: LlamaActionConfig) -> nn.Module:
 
 
 def embed_slots(model: nn.Module, values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Slot values ``[..., 3]`` → embeddings ``[..., hidden]``; ``slots`` (broadcast to ``values[..., 0]``) says
-    which slot of its frame each value fills, ``0 .."""
+    """Slot values ``[..., 3]`` → embeddings ``[..., hidden]``; ``slots`` (``0 .. A + K - 1``) says which slot of its
+    frame each value fills; a NaN route point becomes its slot's ``no_route_embedding``."""
     clean = torch.nan_to_num(values)
     embedded = model.action_projection(clean)
     if model.route_projection is None:

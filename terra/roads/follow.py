@@ -22,8 +22,7 @@ MIN_ROAD_AHEAD_M = ROUTE_HORIZON_M / 2  # a road ending nearer than this ahead t
 
 
 def route_at(road: Road, pose: np.ndarray, route_tokens: int, ahead: np.ndarray | None = None) -> np.ndarray:
-    """The route ``[K, 3]`` (``K = route_tokens``) of world ``pose`` ``(x, y, yaw)`` along ``road``: ego ``(y, x)``
-    of the followed centreline at ``route_distances(K)``, or ``no_route`` rows where no lane is near."""
+    """The route ``[K, 3]`` (``K = route_tokens``) of world ``pose`` ``(x, y, yaw)`` along ``road``."""
     return told_route_at(road, pose, route_tokens, ahead)[0]
 
 
@@ -105,8 +104,7 @@ def _pose(pose: np.ndarray) -> np.ndarray:
 
 
 def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None, budget: _Budget) -> tuple[int, float] | None:
-    """(lane, arc length) of the car's point on its lane: the nearest centreline point within
-    :data:`MAX_LANE_DISTANCE_M` on a lane heading within :data:`MAX_HEADING_RAD` of ``pose``."""
+    """(lane, arc length) of the car's point on its lane."""
     if not len(road) or np.abs(pose[:2]).max() > MAX_COORDINATE_M + road.cells.cell_m:
         return None
     first = road.segment_starts[road.cells.near(pose[:2])]

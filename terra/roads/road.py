@@ -162,8 +162,7 @@ def _direction(vector: np.ndarray) -> np.ndarray:
 
 
 def _connections(lanes: tuple[Lane, ...], curve: _Polylines, source: str) -> tuple[tuple[int, ...], ...]:
-    """Each lane's successors as lane indices, straightest first: the stated ones on the road, else those its end
-        leads into."""
+    """Each lane's successors as lane indices, straightest first."""
     index: dict[str, int] = {}
     for i, lane in enumerate(lanes):
         if index.setdefault(lane.id, i) != i:

@@ -79,8 +79,7 @@ def dry_run(settings: ScoringSettings) -> DryRun:
 
 
 def _estimator(folder: Path | None, report: DryRun) -> EstimatorConfig:
-    """The estimator's config (the published one when there is none to read); what the folder lacks is a problem of
-    the report."""
+    """The estimator's config (the published one when there is none to read)."""
     if folder is None or not folder.is_dir():
         where = "not given" if folder is None else f"{folder} is not a folder"
         report.problems.append(f"no estimator ({where}): {DOWNLOAD}")

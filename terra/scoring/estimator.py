@@ -158,8 +158,7 @@ class PreGRULayer(nn.Module):
 
 
 class WaypointPredictor(nn.Module):
-    """``num_waypoints`` (x, y) points from the origin: a GRU whose input is the previous point, the pooled
-    :class:`PreGRULayer` output and the step's timestamp."""
+    """``num_waypoints`` (x, y) points from the origin."""
 
     def __init__(self, d_model: int, memory_len: int, timestamp_dim: int, num_heads: int) -> None:
         super().__init__()

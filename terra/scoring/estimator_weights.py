@@ -50,8 +50,7 @@ def read_weights(path: Path) -> dict[str, Tensor]:
 
 def match_weights(tensors: Mapping[str, Tensor], shapes: Mapping[str, tuple[int, ...]],
                   source: str) -> dict[str, Tensor]:
-    """``tensors`` under the estimator's names (``shapes``): the names as published or all under one prefix; every
-    required tensor present with its shape, nothing else."""
+    """``tensors`` under the estimator's names (``shapes``): the names as published or all under one prefix."""
     anchors = [k for k in tensors if k == ANCHOR or k.endswith("." + ANCHOR)]
     prefix = anchors[0][: -len(ANCHOR)] if len(anchors) == 1 else ""
     unmatched = sorted(k for k in tensors if not k.startswith(prefix) or k[len(prefix):] not in shapes)

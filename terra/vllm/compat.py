@@ -73,8 +73,7 @@ def has_streaming_input() -> bool:
 
 
 def request_path(requests: str) -> str:
-    """The request path ``backend.options.requests`` stands for on this release: ``auto`` → ``streaming`` where it
-    takes streaming-input requests (:func:`has_streaming_input`), else ``per_frame``."""
+    """The request path ``backend.options.requests`` stands for on this release."""
     from terra.core.errors import TerraInputError
 
     if requests == "per_frame":

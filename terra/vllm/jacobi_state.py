@@ -51,9 +51,7 @@ class JacobiSampler:
         return drawn, torch.where(slot, torch.full_like(flat, self.layout.slot_token_id), flat)
 
     def iterate_block(self, logits: torch.Tensor, input_batch: Any) -> None:
-        """Rewrite the step's fed guesses in place (``input_batch.input_ids``) as the block's next Jacobi iterate:
-        each guess becomes the token drawn from the row before it, at the same positions (row 0's input, the last
-        committed token, stays)."""
+        """Rewrite the step's fed guesses in place (``input_batch.input_ids``) as the block's next Jacobi iterate."""
         drawn = self.draw(logits, input_batch)[1]
         rows = input_batch.logits_indices
         ids = input_batch.input_ids
@@ -121,8 +119,7 @@ NO_PROMPT = 1 << 40  # a request's prompt length that no position reaches: nothi
 
 
 class JacobiModelState(DefaultModelState):
-    """vLLM's default model state, with :class:`JacobiSampler` and a request's known frames: the slot values between
-    them (``SamplingParams.extra_args``) embedded where the request's own draws put their placeholders."""
+    """vLLM's default model state, with :class:`JacobiSampler` and a request's known frames."""
 
     def __init__(self, vllm_config: Any, model: Any, encoder_cache: Any, device: torch.device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)

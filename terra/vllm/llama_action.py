@@ -258,8 +258,7 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
         return self.model
 
     def get_model_state_cls(self) -> type:
-        """Model Runner V2's per-request state for this model: vLLM's default, whose sampler decodes speculative
-        Jacobi blocks when the engine schedules draft slots (:mod:`terra.vllm.jacobi_state`)."""
+        """Model Runner V2's per-request state for this model."""
         from terra.vllm.jacobi_state import JacobiModelState
 
         return JacobiModelState
