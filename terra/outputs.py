@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 def shown_frames(frames: np.ndarray, actions: np.ndarray, num_context: int, mark_context: bool,
                  overlay_trajectory: bool, routes: np.ndarray | None = None) -> np.ndarray:
-    """The frames as written: with the commanded path and the told ``routes`` (``[T, K, 3]``, None: none) drawn on
-    (``overlay_trajectory``) and the context frames marked (``mark_context``)."""
+    """The frames as written: commanded path and told ``routes`` (``[T, K, 3]``, None: none) drawn on, context
+    marked."""
     if overlay_trajectory:
         frames = draw_trajectory(frames, actions[: len(frames)], routes=routes)
     if mark_context:
@@ -67,8 +67,7 @@ def write_outputs(
     route_told: Sequence[str] | None = None,
     **record: Any,
 ) -> list[Path]:
-    """Write every rollout's videos and one sidecar describing the run, drawn and timed as ``output`` says and named
-    as ``names`` (``output.names(len(results))``, claimed by the app) plans."""
+    """Write every rollout's videos and one sidecar for the run, as ``output`` says, named as ``names`` plans."""
     out_dir.mkdir(parents=True, exist_ok=True)  # claimed by the app
     files: list[Path] = []
     new_folders = [out_dir / name for name in names.folders if not (out_dir / name).exists()]

@@ -56,8 +56,7 @@ class RolloutResult:
 
 
 def actor_spec(spec: RunSpec, gpus: Sequence[str]) -> RunSpec:
-    """The run spec of a Ray actor on the GPUs Ray gave it (``gpus``; none on a CPU actor), made once as it starts,
-    before :func:`resolve_run`."""
+    """The run spec of a Ray actor on the GPUs Ray gave it (``gpus``; none on a CPU actor)."""
     device = "cuda" if gpus else ("cpu" if spec.device == "auto" else spec.device)
     backend = resolve_backend(spec.backend, device)
     options = dict(spec.backend_options)
@@ -88,8 +87,7 @@ def check_compatible(world_model_config: LlamaActionConfig, tokenizer) -> None:
 
 def _pretrained_paths(world_model: str | Path, tokenizer: str | Path | ImageTokenizer | None,
                       ) -> tuple[str, str | Path | ImageTokenizer]:
-    """:meth:`WorldModelPipeline.from_pretrained`'s ``world_model`` and ``tokenizer`` as folders (or the loaded
-    tokenizer)."""
+    """``world_model`` and ``tokenizer`` as folders (or the loaded tokenizer)."""
     if str(world_model) == DEMO_NAME:
         demo_model, demo_tokenizer = demo_checkpoints()
         return str(demo_model), demo_tokenizer if tokenizer is None else tokenizer
@@ -224,8 +222,7 @@ class WorldModelPipeline:
         on_frame: FrameCallback | None = None,
         decode: bool = True,
     ) -> list[RolloutResult]:
-        """Run all rollouts together on the backend, then decode each to frames with the tokenizer (``decode``;
-        without it ``frames`` stay None for :meth:`refine` once the engine is closed)."""
+        """Run all rollouts on the backend, then decode each to frames (``decode=False``: ``frames`` stay None)."""
         sampling = self.backend.as_run(sampling)
         start = time.perf_counter()
         states = self.backend.run_rollouts(requests, sampling, progress=progress, on_frame=on_frame)
@@ -245,8 +242,7 @@ class WorldModelPipeline:
 
     def refine(self, results: Sequence[RolloutResult], refiner: "VideoRefiner",
                progress: bool = False) -> list[RolloutResult]:
-        """Give each result the frames of Terra's video refiner (``decoder=refiner``: 384x640), seeded with its
-        request's seed (0 when it has none)."""
+        """Give each result the video refiner's frames (384x640), seeded with its request's seed (0 when none)."""
         for result in results:
             result.frames, timings = self.frames(result.codes, result.request.seed, refiner, progress)
             result.timings.update(timings)

@@ -38,9 +38,7 @@ class RefinerSettings:
 
 
 def check_decoder(spec: RunSpec) -> RefinerSettings | None:
-    """:func:`refiner_settings` for a caller without a resolved run (a batch's driver, which leaves the run to its
-    actors; a batch given a loaded pipeline): the refiner's device, ``refiner.device`` or else the spec's, checked
-    and resolved here as a run resolves it."""
+    """The refiner's settings for a caller without a resolved run, its device checked and resolved."""
     if spec.decoder == "tokenizer":
         return None
     return refiner_settings(spec, resolve_device(check_device(spec.refiner.get("device") or spec.device)))

@@ -46,8 +46,7 @@ class Bootstrap:
             raise ValueError(f"bootstrap level must lie in (0, 1) (got {self.level!r})")
 
     def weights(self, clusters: int) -> np.ndarray:
-        """``[draws, clusters]``: how often each scenario is drawn in each replicate (``clusters`` draws with
-        replacement, so each row sums to ``clusters``)."""
+        """``[draws, clusters]``: how often each scenario is drawn in each replicate."""
         drawn = np.random.default_rng([self.seed, clusters]).integers(clusters, size=(self.draws, clusters))
         drawn += clusters * np.arange(self.draws)[:, None]  # a bin per (replicate, scenario)
         return np.bincount(drawn.ravel(), minlength=self.draws * clusters).reshape(self.draws, clusters).astype(float)
@@ -94,8 +93,7 @@ class Clusters:
 
 def cluster_interval(statistic: Callable[[np.ndarray], np.ndarray], clusters: Clusters,
                      bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The interval of a statistic given as a function of scenario weights: ``statistic(w [R, C]) -> [R]`` is its
-    value with scenario c counted ``w[:, c]`` times (NaN where undefined)."""
+    """The interval of ``statistic(w [R, C]) -> [R]`` over scenario weights (NaN where undefined)."""
     estimate = statistic(np.ones((1, clusters.size)))[0]
     return bootstrap.interval(estimate, statistic(bootstrap.weights(clusters.size)))
 
@@ -128,8 +126,7 @@ def mean(scenarios: Sequence[Hashable], values: np.ndarray, bootstrap: Bootstrap
 
 def paired_difference(scenarios: Sequence[Hashable], world: np.ndarray, truth: np.ndarray,
                       bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The mean over drives of ``world - truth`` of a per-drive metric, each drive paired with the true world's drive
-    of the same scenario and policy (the caller pairs them)."""
+    """The mean over drives of ``world - truth``, each drive paired by the caller; NaN pairs left out."""
     world, truth = np.asarray(world, dtype=np.float64), np.asarray(truth, dtype=np.float64)
     if world.shape != truth.shape:
         raise ValueError(f"paired values differ in shape: world {world.shape}, truth {truth.shape}")
@@ -138,9 +135,7 @@ def paired_difference(scenarios: Sequence[Hashable], world: np.ndarray, truth: n
 
 def policies_median_difference(scenarios: Sequence[Hashable], policies: Sequence[Hashable], world: np.ndarray,
                                 truth: np.ndarray, bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The median over policies of each policy's mean ``world - truth`` over its paired drives (pairs with a NaN left
-    out), with its interval over scenarios: the typical policy's difference, which no single policy decides (one
-    that draws random numbers, or whose drives sit on a knife's edge between two outcomes)."""
+    """The median over policies of each policy's mean ``world - truth``, with its interval over scenarios."""
     difference = np.asarray(world, dtype=np.float64) - np.asarray(truth, dtype=np.float64)
     if not len(scenarios) == len(policies) == len(difference):
         raise ValueError(f"{len(scenarios)} scenarios, {len(policies)} policies and {len(difference)} values: one each "
@@ -163,9 +158,7 @@ def policies_median_difference(scenarios: Sequence[Hashable], policies: Sequence
 
 def regression_slope(scenarios: Sequence[Hashable], x: np.ndarray, y: np.ndarray, intercept: bool,
                      bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """Least-squares slope of ``y`` on ``x`` over records (pairs with a NaN left out): through the origin
-    (``intercept=False``: ``sum(xy) / sum(xx)``, the gain of y = b x) or with an intercept (``intercept=True``:
-    ``cov(x, y) / var(x)``)."""
+    """Least-squares slope of ``y`` on ``x``: ``sum(xy) / sum(xx)``, or ``cov(x, y) / var(x)`` with ``intercept``."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.shape != y.shape:
         raise ValueError(f"x {x.shape} and y {y.shape} differ in shape")
@@ -231,8 +224,7 @@ class RankAgreement:
 
 
 def kendall_tau_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Kendall's tau-b between the rows of ``a`` and ``b`` ``[R, P]`` (as scipy.stats.kendalltau, ties included); NaN
-    for a row with a NaN or without spread."""
+    """Kendall's tau-b between the rows of ``a`` and ``b`` ``[R, P]``; NaN for a row with a NaN or no spread."""
     upper = np.triu_indices(a.shape[1], 1)
     sa = np.sign(a[:, :, None] - a[:, None, :])[:, upper[0], upper[1]]
     sb = np.sign(b[:, :, None] - b[:, None, :])[:, upper[0], upper[1]]
@@ -256,8 +248,7 @@ def pearson_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def mmrv_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The mean maximum rank violation of ranking by ``a`` against the reference ``b``, rows ``[R, P]``: 0 faithful,
-        1 the worst; NaN for a row with a NaN or without spread in ``b``."""
+    """Mean maximum rank violation of ``a`` against reference ``b``, rows ``[R, P]``: 0 faithful, 1 the worst."""
     gap = np.abs(b[:, :, None] - b[:, None, :])
     violated = (a[:, :, None] < a[:, None, :]) != (b[:, :, None] < b[:, None, :])
     worst = np.where(violated, gap, 0.0).max(2).mean(1)
@@ -267,9 +258,7 @@ def mmrv_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def rank_agreement(a: DriveValues, b: DriveValues, bootstrap: Bootstrap = Bootstrap()) -> RankAgreement:
-    """Kendall's tau, Spearman's rho, Pearson's r and the MMRV (``b`` the reference) between the per-policy means of
-    two worlds, with intervals over scenarios (both worlds' drives of a drawn scenario enter the replicate
-    together)."""
+    """Kendall's tau, Spearman's rho, Pearson's r and MMRV of two worlds' per-policy means, with intervals."""
     from scipy.stats import kendalltau, pearsonr, spearmanr
 
     policies = tuple(dict.fromkeys([*a.policy, *b.policy]))
@@ -311,8 +300,7 @@ def few_clusters_factor(clusters: int, level: float = 0.95) -> float:
 
 
 def widened(interval: Interval, factor: float) -> Interval:
-    """``interval`` with each side's distance from the estimate multiplied by ``factor`` (bounds NaN when either is
-    undefined or the factor infinite)."""
+    """``interval`` with each side's distance from the estimate multiplied by ``factor``."""
     if not np.isfinite(factor) or not np.isfinite(interval.estimate):
         return Interval(interval.estimate, float("nan"), float("nan"), interval.level, interval.undefined)
     low = interval.estimate - factor * (interval.estimate - interval.low)
@@ -321,8 +309,7 @@ def widened(interval: Interval, factor: float) -> Interval:
 
 
 def decide(interval: Interval, band: tuple[float, float]) -> str:
-    """``pass`` when the interval lies inside the acceptance band ``[low, high]`` (either end may be infinite),
-    ``fail`` when it lies entirely outside, ``inconclusive`` when it straddles an end or is undefined (NaN)."""
+    """``pass`` inside the band ``[low, high]``, ``fail`` entirely outside, else ``inconclusive``."""
     low, high = band
     if not low <= high:
         raise ValueError(f"acceptance band must have low <= high (got [{low}, {high}])")

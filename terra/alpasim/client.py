@@ -35,8 +35,7 @@ def curve(speed: float = 8.0, rate: float = 0.25, start: tuple[float, float, flo
 
 
 def camera_spec(resolution: tuple[int, int] = (0, 0), logical_id: str = CAMERA) -> sensorsim_pb2.CameraSpec:
-    """An equidistant FTheta camera of 120 degrees, as AlpaSim's runtime describes a camera a scene does not
-    calibrate (``resolution`` (H, W); (0, 0): the server's own)."""
+    """An equidistant FTheta camera of 120 degrees; ``resolution`` (H, W), (0, 0): the server's own."""
     height, width = resolution
     focal = math.hypot(width or 1280, height or 640) / 2 / math.radians(60)
     return sensorsim_pb2.CameraSpec(

@@ -31,8 +31,7 @@ class SessionMap:
         return None if self.road is None else no_route(1, self.route_tokens)
 
     def routes(self, poses: np.ndarray) -> np.ndarray | None:
-        """The routes ``[m, K, 3]`` of a chunk's frames at their planar rig ``poses`` ``[m, 3]`` (the local frame),
-        each told the chunk's later poses; None without a road."""
+        """Routes ``[m, K, 3]`` of a chunk's planar rig ``poses`` ``[m, 3]``; None without a road."""
         if self.road is None:
             return None
         routes, told = told_routes_along(self.road, poses, self.route_tokens)

@@ -171,8 +171,7 @@ def package_version() -> str:
 
 
 def bind(settings: AlpasimSettings, workers: int | None = None) -> tuple[grpc.Server, int]:
-    """A gRPC server bound to ``alpasim.host:alpasim.port`` (not started: :func:`start`) and its port (the one the
-    system chose for port 0); a port in use is one line."""
+    """A gRPC server bound to ``alpasim.host:alpasim.port`` (not started) and its port."""
     check_free(settings)
     interceptors = [] if settings.token is None else [TokenCheck(settings.token)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers or settings.max_sessions + 4,
@@ -188,8 +187,7 @@ def bind(settings: AlpasimSettings, workers: int | None = None) -> tuple[grpc.Se
 
 
 def check_free(settings: AlpasimSettings) -> None:
-    """Raise one line when ``alpasim.host:alpasim.port`` cannot be bound (in use, or not an address of this machine),
-    before gRPC tries and logs its own lines."""
+    """Raise one line when ``alpasim.host:alpasim.port`` cannot be bound."""
     if not settings.port:
         return
     try:

@@ -69,9 +69,7 @@ class AlpasimSession:
 
 @dataclass
 class Rendered:
-    """A session's last rendered chunk, kept so that a retry of it (the same poses) gets its frames again instead of
-    rendering anew: one whose caller gave up (its deadline passed) while it rendered is not ``committed`` (the
-    track stays before it) until the retry comes."""
+    """A session's last rendered chunk, kept so that a retry of the same poses gets its frames again."""
 
     times_us: np.ndarray
     poses: np.ndarray
@@ -124,8 +122,7 @@ class SessionTable:
 
     def start(self, initial_frame: bytes, camera: str, asked: tuple[int, int], seed: int, hdmap: bytes = b"",
               hdmap_frames: bool = False, skip_video: bool = False) -> AlpasimSession:
-        """A session from the camera's ``initial_frame`` (PNG / JPEG bytes), sending frames at the size ``asked``
-        (:func:`frame_size`)."""
+        """A session from the camera's ``initial_frame`` (PNG / JPEG bytes), its frames sent at size ``asked``."""
         size = frame_size(asked, self.pipeline.image_size)
         self._reap_idle()
         with self._lock:
@@ -154,8 +151,7 @@ class SessionTable:
         return session
 
     def close(self, session_id: str) -> bool:
-        """Free a session (its chunk in flight finishes first); False when there is none of that id (closed twice,
-        expired or never opened)."""
+        """Free a session; False when there is none of that id."""
         client_id(session_id, "session_id")
         with self._lock:
             session = self.sessions.pop(session_id, None)
@@ -192,8 +188,7 @@ class SessionTable:
 
     def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray,
                answered: Callable[[], bool] = lambda: True, wait_s: float = 0.0) -> Rendered:
-        """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``), and
-        as many HD-map condition frames where the session asked for them."""
+        """One encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``), and HD-map frames if asked."""
         session = self.get(session_id)
         if not session.busy.acquire(timeout=max(0.0, min(wait_s, self.settings.idle_timeout_s))):
             raise SessionUnusable(f"session {session_id} is rendering a chunk; send its chunks one after another")

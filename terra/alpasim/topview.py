@@ -35,8 +35,8 @@ class TopView:
         self._kept = np.zeros(0, dtype=np.int64)
 
     def draw(self, pose: np.ndarray, route: np.ndarray | None) -> np.ndarray:
-        """The picture ``[H, W, 3]`` uint8 of world ``pose`` ``(x, y, yaw)`` told ``route`` ``[K, 3]`` (None or NaN
-        rows: no route)."""
+        """The picture ``[H, W, 3]`` uint8 of world ``pose`` ``(x, y, yaw)`` told ``route`` ``[K, 3]`` (None: no
+        route)."""
         image = Image.new("RGB", (self.width, self.height), BACKGROUND)
         draw = ImageDraw.Draw(image)
         for run, owner in self._runs_in_view(pose):

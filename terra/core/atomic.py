@@ -101,8 +101,7 @@ def _gone(pid: int) -> bool:
 
 
 def remove_abandoned(path: str | os.PathLike) -> bool:
-    """Delete :func:`atomic_path`'s temporary file ``path`` if no process holds its lock (its writer ended, in
-    whatever PID namespace it ran)."""
+    """Delete the temporary file ``path`` if no process holds its lock."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -120,9 +119,7 @@ def remove_abandoned(path: str | os.PathLike) -> bool:
 
 
 def sweep_stale(folder: str | os.PathLike) -> None:
-    """Remove the temporary files of :func:`atomic_path` in ``folder`` that a killed writer of this host left (module
-    docstring): only in a folder with a marker, only for names it lists, and only those whose writer is gone (its
-    pid not running here, its lock free)."""
+    """Remove temporary files in a marked ``folder`` that a killed writer of this host left."""
     key = (os.path.abspath(folder), os.getpid())
     if key in _swept:
         return
@@ -153,8 +150,7 @@ def written(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, list]:
 
 
 def whole_files(folder: str | os.PathLike, names: Any, kept: Any) -> bool:
-    """Whether ``folder`` holds every one of ``names`` (a list of names) as ``kept`` recorded it when written
-    (:func:`written`): a file cut short, swapped or missing, or a record that kept nothing, says no."""
+    """Whether ``folder`` holds every one of ``names`` as ``kept`` recorded it when written."""
     if not isinstance(names, list) or not isinstance(kept, dict) or not all(isinstance(n, str) for n in names):
         return False
     try:
@@ -219,8 +215,7 @@ def _marker(folder: str | os.PathLike) -> dict:
 
 
 def marked(folder: str | os.PathLike) -> frozenset[str]:
-    """The names ``folder``'s :data:`MARKER` lists (none without a marker, or with one that is not the toolkit's
-    JSON)."""
+    """The names ``folder``'s :data:`MARKER` lists (none without a valid marker)."""
     names = _marker(folder).get("names")
     return frozenset(n for n in names if isinstance(n, str)) if isinstance(names, list) else frozenset()
 
@@ -232,8 +227,7 @@ def owner(folder: str | os.PathLike) -> str | None:
 
 
 def mark(folder: str | os.PathLike, names: Iterable[str], app: str | None = None) -> None:
-    """Add ``names`` (of files or folders the toolkit writes in ``folder``) to its :data:`MARKER`, and record ``app``
-    as the folder's owner (None: the owner stays as it is), atomically, one writer at a time."""
+    """Add ``names`` to ``folder``'s :data:`MARKER` and record ``app`` as owner (None: unchanged), atomically."""
     folder = Path(folder)
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

@@ -15,8 +15,7 @@ CGROUP = Path("/sys/fs/cgroup")
 
 
 def check_device(value: Any) -> str:
-    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``, as a name (whether that GPU exists is checked by
-    :func:`resolve_device`, once torch is loaded)."""
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``, checked as a name only."""
     if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
         text = repr(value)
         text = text if len(text) <= 40 else f"{text[:37]}..."
@@ -54,16 +53,14 @@ def set_threads(num_threads: int | None) -> None:
 
 
 def usable_cores() -> int:
-    """The CPU cores this process may use: its CPU affinity (taskset, Slurm), no more than its cgroup's CPU quota
-    (containers, Kubernetes) rounded up, at least one."""
+    """The CPU cores this process may use: its affinity, capped by its cgroup's CPU quota, at least one."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cgroup_cpu_quota()
     return max(1, min(cores, math.ceil(quota)) if quota is not None else cores)
 
 
 def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:
-    """The CPUs' worth of time a second that the cgroup under ``root`` allows (cgroup v2's ``cpu.max``, v1's
-    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``)."""
+    """The CPUs' worth of time a second that the cgroup under ``root`` allows (v1 or v2)."""
     try:
         if (root / "cpu.max").exists():
             quota, period = (root / "cpu.max").read_text().split()[:2]

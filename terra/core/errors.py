@@ -29,9 +29,7 @@ def error_reason(err: BaseException, limit: int = 200) -> str:
 
 
 def past(value: float, bound: float) -> str:
-    """``value`` as a line refusing it for lying past ``bound`` writes it: the fewest significant digits (3 at least,
-    every whole digit below a million) that still read past the bound (a route point 1000.5 m away against 1000 m:
-    ``1000.5``, never ``1000``; 1e308: ``1e+308``, never 309 digits)."""
+    """``value`` with the fewest significant digits (3 at least) that still read past ``bound``."""
     value, bound = float(value), float(bound)
     whole = len(f"{abs(value):.0f}") if abs(value) < 1e6 else 0  # every digit before the point below a million
     for digits in range(max(3, whole), 18):

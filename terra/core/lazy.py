@@ -15,8 +15,7 @@ REMOVED_IN = "0.2.0"  # the release that drops the old names kept here and in te
 
 
 def lazy_face(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callable[[str], Any]]:
-    """The ``__all__`` of ``package`` (the names of ``homes``, sorted) and its module ``__getattr__``, which imports
-    name ``N`` from module ``homes[N]`` when first asked."""
+    """The ``__all__`` of ``package`` and a module ``__getattr__`` that imports name ``N`` from ``homes[N]``."""
 
     def __getattr__(name: str) -> Any:
         if name not in homes:
@@ -48,8 +47,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def moved_modules(package: str, moved: Mapping[str, str], home: str | None = None) -> dict[str, str]:
-    """Make ``package.OLD`` import as ``home.NEW`` for each ``OLD: NEW`` of ``moved`` (``home``: ``package`` by
-    default, for a move within the package; another package for a move down a floor)."""
+    """Make ``package.OLD`` import as ``home.NEW`` for each ``OLD: NEW`` of ``moved``."""
     home = home or package
     table = {f"{package}.{old}": f"{home}.{new}" for old, new in moved.items()}
     finder = next((f for f in sys.meta_path if isinstance(f, _MovedModules)), None)
@@ -61,8 +59,7 @@ def moved_modules(package: str, moved: Mapping[str, str], home: str | None = Non
 
 
 def renamed(module: str, names: Mapping[str, str], home: str | None = None) -> Callable[[str], Any]:
-    """The module ``__getattr__`` of ``module`` that answers each old name of ``names`` (old -> new) with the object
-    of its new name in module ``home`` (``module`` itself by default), with one ``FutureWarning``."""
+    """A module ``__getattr__`` answering each old name of ``names`` with its new object, with a ``FutureWarning``."""
     home = home or module
 
     def __getattr__(name: str) -> Any:

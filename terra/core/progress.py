@@ -85,8 +85,7 @@ class Progress:
         self.bar.set_postfix(values, refresh=refresh)
 
     def line(self) -> str:
-        """Where the count stands: done of total, the time so far and, at the rate so far, the time left (from 5 %
-        done on)."""
+        """Done of total, the time so far and the time left at the rate so far."""
         elapsed = time.monotonic() - self.started
         done = f"{self.n:g}" if self.total is None else f"{self.n:g}/{self.total:g}"
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
@@ -103,8 +102,7 @@ class Progress:
         self.last, self.said = time.monotonic(), self.n
 
     def close(self) -> None:
-        """End the bar; a last line if lines were printed or the run lasted ``every_s`` (unless the last line printed
-        says it already)."""
+        """End the bar, with a last line where lines were printed."""
         self.bar.close()
         long = self.said is not None or time.monotonic() - self.started >= self.every_s
         if self.lines and long and self.said != self.n:

@@ -103,8 +103,7 @@ class RayCluster:
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Raise :class:`TerraInputError` unless something accepts TCP connections at ``address`` (Ray itself would retry
-    for minutes)."""
+    """Raise :class:`TerraInputError` unless something accepts TCP connections at ``address``."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise TerraInputError(f"ray.address={address} is not auto or host:port (e.g. 10.0.0.1:6379)")

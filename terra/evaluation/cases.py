@@ -25,8 +25,7 @@ from terra.sim.clips import (
 
 
 def clip_routes(clip: Clip, route_tokens: int) -> np.ndarray | None:
-    """The road ahead of each of ``clip``'s frames as a world model of ``route_tokens`` route slots is told it; None
-    for a model without route slots."""
+    """The routes of ``clip``'s frames for ``route_tokens`` route slots; None for a model without them."""
     return resample_routes(clip.routes, route_tokens) if route_tokens and clip.routes is not None else None
 
 

@@ -70,8 +70,7 @@ def mode_sampling(name: str, settings: dict[str, Any]) -> SamplingConfig:
 
 
 def parse_settings(text: str) -> dict[str, Any]:
-    """``"decoding=speculative,draft_tokens=16"`` → ``{"decoding": "speculative", "draft_tokens": 16}`` (YAML
-    values)."""
+    """``"decoding=speculative,draft_tokens=16"`` → ``{"decoding": "speculative", "draft_tokens": 16}``."""
     import yaml
 
     settings = {}
@@ -141,9 +140,8 @@ def run_mode(pipeline: WorldModelPipeline, clips: list[Clip], codes: np.ndarray,
 
 
 def previous_frame_hits(codes: np.ndarray, first: int) -> dict[str, float]:
-    """Of every code of frames ``first ..`` of ``codes [rollouts, frames, h, w]``, the share equal to the previous
-    frame's code at the same position (the speculative guess beyond a pass), and the share equal to any code of
-    the previous frame's 3 x 3 neighbourhood there: what the best motion-compensated guess could reach."""
+    """Shares of codes ``[rollouts, frames, h, w]`` equal to the previous frame's at the same position, and in its 3
+    x 3 neighbourhood."""
     earlier, later = codes[:, first - 1:-1], codes[:, first:]
     h, w = codes.shape[2:]
     padded = np.pad(earlier, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-1)

@@ -84,9 +84,7 @@ def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int
 
 def _decoded(results: list[RolloutResult], pipeline: WorldModelPipeline, say: Callable[[str], None] | None,
              line: str) -> list[RolloutResult]:
-    """``results`` of ``generate(..., decode=False)`` given their frames as ``generate`` decodes them, once ``say``
-    told ``line``: the decoding follows the rollouts' bar and takes a while on a CPU (the demo tokenizer: about
-    0.1 s a frame on one core)."""
+    """``results`` of ``generate(..., decode=False)`` given their decoded frames, after ``say(line)``."""
     if say is not None:
         say(line)
     for result in results:

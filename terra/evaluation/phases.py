@@ -105,8 +105,7 @@ def _value(value: Any, missing: object) -> str:
 
 
 def keep(folder: Path, phase: Phase, pipeline: dict[str, Any], result: dict, seconds: float) -> dict:
-    """Write ``phase``'s record (its inputs, what the pipeline was, its ``result``) to ``<folder>/<phase>.json``
-    atomically."""
+    """Write ``phase``'s record to ``<folder>/<phase>.json`` atomically."""
     record = {"phase": phase.key, "complete": True, "inputs": phase.inputs, "pipeline": pipeline,
               "seconds": round(seconds, 2), "finished_at": round(time.time(), 3), "result": result}
     text = json_text(record, indent=1) + "\n"

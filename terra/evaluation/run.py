@@ -31,8 +31,7 @@ PROG = "terra-evaluate"  # its stage lines start with the console script's name
 
 
 def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None, resume_command: str | None = None) -> dict:
-    """Evaluate as ``spec`` says, keeping each phase's results in ``out_dir`` as it finishes and reusing those an
-    earlier run left there with the same inputs."""
+    """Evaluate as ``spec`` says, keeping each phase's results in ``out_dir`` and reusing those with the same inputs."""
     t_start = time.perf_counter()
     phases: list[Phase] = []  # planned, then each marked done as it is kept: what an interrupted run tells
     with spec.output.hold(REPORT):
@@ -51,8 +50,7 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None, resume_c
 
 
 def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: list[Phase]) -> tuple[dict, float]:
-    """Plan the phases into ``phases`` (each kept one said in a line), build the pipeline if one is left to measure
-    and none was given, measure them."""
+    """Plan the phases into ``phases``, build the pipeline if needed, and measure them."""
     t_start = time.perf_counter()
     own = pipeline is None
     if own:  # threads, device, backend, a vLLM engine's decoding, the window: once

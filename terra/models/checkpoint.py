@@ -48,8 +48,7 @@ def read_world_model_config(path: str | Path) -> LlamaActionConfig:
 
 
 def check_world_model_weights(folder: str | Path, config: LlamaActionConfig) -> None:
-    """Check that the checkpoint's weights fit ``config`` (names, shapes and floating-point dtypes, from the
-    safetensors headers) and are finite (each tensor read once, the only time before a backend loads them)."""
+    """Check that the checkpoint's weights fit ``config`` (names, shapes, float dtypes) and are finite."""
     folder = Path(folder)
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}

@@ -89,8 +89,7 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
-        """Transformers' initialisation, and the "no route" rows (a bare parameter it does not know) drawn like an
-        embedding's: a checkpoint without them gets them this way."""
+        """Transformers' initialisation, plus the "no route" rows drawn like an embedding's."""
         super()._init_weights(module)
         if module is self and self.no_route_embedding is not None:
             nn.init.normal_(self.no_route_embedding, std=self.config.initializer_range)
@@ -106,8 +105,7 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
 
     def interleave(self, image_ids: torch.Tensor, actions: torch.Tensor,
                    routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training-style inputs → interleaved ids ``[B, T*(P+A+K)]`` (placeholders at every slot) and the slots'
-        values ``[B, T*(A+K), 3]``."""
+        """Training-style inputs → interleaved ids ``[B, T*(P+A+K)]`` and slot values ``[B, T*(A+K), 3]``."""
         cfg = self.config
         frames = image_ids.shape[1] // cfg.num_image_patches
         if image_ids.shape[1] != frames * cfg.num_image_patches:
@@ -136,8 +134,7 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
 
     def embed(self, input_ids: torch.Tensor, conditions: torch.Tensor | None,
               position_ids: torch.Tensor) -> torch.Tensor:
-        """Input embeddings: token embedding, or the slot's embedded value at placeholder ids (:func:`embed_slots`:
-        ``conditions`` holds the slots' values in order, a slot's kind read from its position)."""
+        """Input embeddings: token embeddings, or the embedded slot values of ``conditions`` at placeholder ids."""
         is_slot = input_ids == self.config.action_token_id
         embeds = self.model.embed_tokens(input_ids)  # placeholders embed as their (unused) vocab row
         if self.config.zero_embed_code_0:

@@ -22,8 +22,7 @@ _CHUNK = 1 << 20
 
 
 def read_clipgt(data: bytes | str | Path | IO[bytes], source: str = "clipgt map") -> Road:
-    """The road of AlpaSim's map: its bytes (``hdmap_parquets``), a zip file's path, or a folder of the parquet files
-    (a scene's ``clipgt/``)."""
+    """The road of AlpaSim's map: its bytes, a zip file's path, or a folder of its parquet files."""
     tables = _tables(data, source)
     lanes = _lanes(tables["lane"], source) if "lane" in tables else []
     boundaries = _boundaries(tables["road_boundary"], source) if "road_boundary" in tables else []
@@ -35,8 +34,7 @@ def read_clipgt(data: bytes | str | Path | IO[bytes], source: str = "clipgt map"
 
 def write_clipgt(road: Road, out: str | Path | IO[bytes], clip_id: str | None = None,
                  lane_width_m: float = LANE_WIDTH_M) -> None:
-    """Write ``road`` as AlpaSim's map (a zip of ``lane``, ``road_boundary`` and ``association`` tables, named
-    ``{clip_id}.{element}.parquet`` or, without ``clip_id``, ``{element}.parquet``) to a path or a binary file."""
+    """Write ``road`` as AlpaSim's map (a zip of parquet tables) to a path or a binary file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -137,8 +135,7 @@ def _check_size(total: int, source: str) -> None:
 
 
 def _unpacked(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> bytearray:
-    """An entry's bytes, never more than its header states (nor than :data:`MAX_MAP_BYTES`), unpacked into one buffer
-    of that size."""
+    """An entry's bytes, never more than its header states nor :data:`MAX_MAP_BYTES`."""
     limit = min(info.file_size, MAX_MAP_BYTES)
     buffer, size = bytearray(limit + 1), 0  # one byte past the limit tells an entry that unpacks to more
     try:
@@ -160,9 +157,7 @@ def _unpacked(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> b
 
 def _read(table: tuple[str, bytes], element: str, wanted: dict[str, tuple[str, ...]], source: str,
           max_rows: int) -> dict[str, Any]:
-    """``column -> struct array`` holding only the ``wanted`` fields of each column (their leaves but ``z``), read
-    after the table's bounds are checked from its metadata: rows, values per leaf (what decoding allocates,
-    whatever the pages' encoding) and unpacked page bytes."""
+    """``column -> struct array`` of the ``wanted`` fields, read after the table's bounds are checked."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -335,8 +330,7 @@ def _key(clip_id: str, label: str, map_id: str) -> dict[str, str]:
 
 
 def _offset(points: np.ndarray, left_m: float) -> np.ndarray:
-    """A polyline moved ``left_m`` to its left, each point along the mean of its segments' normals (so the midpoint
-    of two opposite offsets is the polyline itself)."""
+    """A polyline moved ``left_m`` to its left along the mean of its segments' normals."""
     tangent = np.gradient(points, axis=0)
     tangent /= np.linalg.norm(tangent, axis=1, keepdims=True)
     return points + left_m * np.stack([-tangent[:, 1], tangent[:, 0]], axis=-1)

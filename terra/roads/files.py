@@ -118,8 +118,7 @@ def read_road_file(path: str | Path) -> Road:
 
 
 def write_road_file(road: Road, path: str | Path) -> None:
-    """Write ``road``'s lanes as a ``road.json`` :func:`read_road_file` reads back (points to the millimetre; a
-    lane's successors where it states them, by index)."""
+    """Write ``road``'s lanes as a ``road.json`` that :func:`read_road_file` reads back (millimetre precision)."""
     index = {lane.id: i for i, lane in enumerate(road.lanes)}
     lanes = []
     for lane in road.lanes:

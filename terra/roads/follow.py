@@ -28,9 +28,7 @@ def route_at(road: Road, pose: np.ndarray, route_tokens: int, ahead: np.ndarray 
 
 def told_route_at(road: Road, pose: np.ndarray, route_tokens: int,
                   ahead: np.ndarray | None = None) -> tuple[np.ndarray, str]:
-    """:func:`route_at` and whether it is told: :data:`~terra.contract.routes.TOLD`, else why not
-    (:data:`~terra.contract.routes.NO_LANE_NEAR`, or :data:`~terra.contract.routes.ROAD_ENDED` where the road
-    followed ends short of :data:`MIN_ROAD_AHEAD_M`: no route, rather than points stacked on its end)."""
+    """:func:`route_at` and its status: ``TOLD``, ``NO_LANE_NEAR`` or ``ROAD_ENDED``."""
     pose = _pose(pose)
     known = None if ahead is None or len(ahead) == 0 else np.atleast_2d(np.asarray(ahead, dtype=np.float64))[:, :2]
     branches = _Budget()  # then a fork takes the straightest
@@ -49,9 +47,7 @@ def told_route_at(road: Road, pose: np.ndarray, route_tokens: int,
 
 def routes_along(road: Road, poses: np.ndarray, route_tokens: int,
                  ahead_poses: np.ndarray | None = None) -> np.ndarray:
-    """Routes ``[T, K, 3]`` of a trajectory's world ``poses`` ``[T, 3]``: pose ``t``'s :func:`route_at` with the
-    poses after it (then ``ahead_poses``, points ``[M, 2]`` or poses ``[M, 3]`` known beyond the trajectory) as
-    the points it is known to pass."""
+    """Routes ``[T, K, 3]`` of world ``poses`` ``[T, 3]``, each told the poses after it (then ``ahead_poses``)."""
     return told_routes_along(road, poses, route_tokens, ahead_poses)[0]
 
 
@@ -72,8 +68,7 @@ def told_routes_along(road: Road, poses: np.ndarray, route_tokens: int,
 
 
 def nearest_lane(road: Road, pose: np.ndarray) -> tuple[float, float] | None:
-    """How far world ``pose``'s nearest lane point is (m), and how far that lane's heading there is from the car's
-    (degrees), over every lane (for an error line: it reads all the road's points)."""
+    """Distance (m) to ``pose``'s nearest lane point and the heading gap there (degrees)."""
     if not len(road.segment_starts):
         return None
     pose = _pose(pose)
@@ -136,8 +131,7 @@ def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None, budget: _B
 
 def _follow(road: Road, lane: int, s0: float, distances: np.ndarray, ahead: np.ndarray | None,
             budget: _Budget) -> tuple[np.ndarray, float]:
-    """World points ``[K, 2]`` ``distances`` metres along the road from ``s0`` on ``lane``, through the lanes it
-    leads into (each once), those past the road's end at its end."""
+    """World points ``[K, 2]`` ``distances`` metres along the road from ``s0`` on ``lane``, clamped at its end."""
     lanes, offsets = [lane], [-s0]  # the route distance at which each followed lane starts
     visited, reach, hops = {lane}, road.lengths[lane] - s0, _Budget()
     while reach < distances[-1] and hops.take():
@@ -162,8 +156,7 @@ def _options(road: Road, lane: int, visited: set[int]) -> list[int]:
 
 
 def _next_lane(road: Road, lane: int, visited: set[int], ahead: np.ndarray | None, budget: _Budget) -> int | None:
-    """The lane followed after ``lane``: its one successor, or at a fork the branch ``ahead`` takes, else the
-    straightest."""
+    """The lane after ``lane``: its one successor, at a fork the branch ``ahead`` takes, else the straightest."""
     options = _options(road, lane, visited)
     if len(options) <= 1:
         return options[0] if options else None
@@ -176,8 +169,7 @@ def _next_lane(road: Road, lane: int, visited: set[int], ahead: np.ndarray | Non
 
 
 def _nearest_to(ahead: np.ndarray, place: np.ndarray, branches: list[np.ndarray]) -> int | None:
-    """The branch (index) the ``ahead`` points within :data:`ROUTE_HORIZON_M` of ``place`` (at most
-    :data:`MAX_KNOWN_POINTS` of them) lie nearest, by :data:`AHEAD_MARGIN_M` at least."""
+    """The branch (index) the ``ahead`` points near ``place`` lie nearest, by :data:`AHEAD_MARGIN_M` at least."""
     known = ahead[np.hypot(*(ahead - place).T) <= ROUTE_HORIZON_M]
     if not len(known):
         return None
@@ -189,8 +181,7 @@ def _nearest_to(ahead: np.ndarray, place: np.ndarray, branches: list[np.ndarray]
 
 
 def _branch_points(road: Road, lane: int, start: float, budget: _Budget, visited: set[int] = frozenset()) -> np.ndarray:
-    """The points of ``lane`` from ``start`` metres along it and of its straightest continuation (no lane twice, none
-    ``visited``), up to :data:`ROUTE_HORIZON_M` of road."""
+    """The points of ``lane`` from ``start`` m on and its straightest continuation, up to :data:`ROUTE_HORIZON_M`."""
     walked = {*visited, lane}
     parts = [road.point_at(lane, start)[None], _lane_part(road, lane, start, start + ROUTE_HORIZON_M)]
     reach = road.lengths[lane] - start

@@ -26,8 +26,7 @@ CELL_M = 8.0  # the cells of the lane index: more than follow.py's reach to a la
 
 @dataclass(frozen=True)
 class Lane:
-    """One lane's centreline ``[N, 2]`` (x, y world metres, in its driving direction), its id, the ids of the lanes
-    it leads into (None: not known, found from the geometry) and where it came from."""
+    """A lane's centreline ``[N, 2]`` (world m, driving direction), id, successor ids (None: from geometry), source."""
 
     points: np.ndarray
     id: str = ""
@@ -98,9 +97,7 @@ class Road:
 
 
 def _polylines(polylines: list, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Polylines end to end, ``xy [P, 2]`` and the polyline of each point, checked: ``[N, 2]`` numbers, finite,
-    within :data:`MAX_COORDINATE_M`, at least two distinct points each (points within :data:`MIN_POINT_GAP_M` of
-    the one before dropped)."""
+    """Polylines end to end, ``xy [P, 2]`` and each point's polyline, checked and near-duplicate points dropped."""
     arrays = []
     for points, what in zip(polylines, names):
         try:
@@ -137,8 +134,7 @@ def _polylines(polylines: list, names: list[str]) -> tuple[np.ndarray, np.ndarra
 
 
 class _Polylines:
-    """Checked polylines end to end, for interpolation along each: their points on one axis of arc length, each
-    polyline starting 1 m past the end of the one before."""
+    """Checked polylines end to end on one arc-length axis, each starting 1 m past the one before."""
 
     def __init__(self, xy: np.ndarray, owner: np.ndarray, count: int) -> None:
         step = np.hypot(*np.diff(xy, axis=0).T) if len(xy) else np.zeros(0)

@@ -72,8 +72,7 @@ class InceptionModule(nn.Module):
 
 
 class InceptionI3d(nn.Module):
-    """Inception-v1 I3D (Carreira & Zisserman, 2017) from RGB to the ``Mixed_5c`` end point: ``[B, 1024, T', H',
-    W']`` with ``T' = ceil(T / 4)``, ``H' = ceil(H / 32)``."""
+    """Inception-v1 I3D from RGB to ``Mixed_5c``: ``[B, 1024, ceil(T / 4), ceil(H / 32), ceil(W / 32)]``."""
 
     def __init__(self) -> None:
         super().__init__()

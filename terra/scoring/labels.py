@@ -46,8 +46,8 @@ def command_label(label: Any) -> str | None:
 
 
 def reference_waypoints(trajectory: Any, num_points: int) -> np.ndarray:
-    """The first ``num_points`` points of an ACT-Bench ``reference_traj`` (rows of x forward, y left, ...) in the
-    estimator's frame: ``(-y, x)``, float64 ``[num_points, 2]``."""
+    """The first ``num_points`` points of a ``reference_traj`` in the estimator's frame ``(-y, x)``, ``[num_points,
+    2]``."""
     try:
         points = np.asarray(trajectory, dtype=np.float64)
     except (TypeError, ValueError):

@@ -21,8 +21,7 @@ PASSED_ON = ("context_frames", "instruction_trajs", "reference_traj")  # columns
 
 @dataclass(frozen=True)
 class BenchSample:
-    """One scored row: its id, class, reference waypoints ``[T, 2]`` (estimator frame) and the JSON text of the
-    :data:`PASSED_ON` fields."""
+    """One scored row: id, class, reference waypoints ``[T, 2]`` and the JSON text of the :data:`PASSED_ON` fields."""
 
     sample_id: int
     cond_label: str

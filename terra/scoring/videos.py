@@ -55,8 +55,7 @@ def resize_size(crop: tuple[int, int]) -> tuple[int, int]:
 
 
 def count_frames(path: Path) -> int:
-    """The frames of a video, counted from its container's packets without decoding them; raises
-    :class:`TerraInputError` for a file PyAV cannot open as a video."""
+    """A video's frames, counted from its packets; :class:`TerraInputError` if PyAV cannot open it."""
     import av
 
     try:
@@ -69,8 +68,7 @@ def count_frames(path: Path) -> int:
 
 
 def decode_last(path: Path, num_frames: int) -> list:
-    """The last ``num_frames`` frames of a video as PyAV frames, still in the video's own pixel format (a 1440p frame
-    in YUV 4:2:0 is 5.5 MB; as RGB 11 MB, as floats 44 MB)."""
+    """The last ``num_frames`` frames of a video as PyAV frames, in the video's own pixel format."""
     import av
 
     try:
@@ -92,9 +90,7 @@ def decode_last(path: Path, num_frames: int) -> list:
 
 
 def preprocess(frames: Sequence, crop: tuple[int, int]) -> Tensor:
-    """Frames (uint8 RGB ``[H, W, 3]`` arrays, or PyAV frames turned to RGB as torchvision's ``read_video`` does) →
-    uint8 ``[3, T, crop_h, crop_w]``: resized by :func:`resize_size` as torchvision's ``Resize`` does a uint8
-    tensor, then centre-cropped as its ``CenterCrop`` does."""
+    """Frames → uint8 ``[3, T, crop_h, crop_w]``, resized and centre-cropped as torchvision does."""
     size = resize_size(crop)
     top, left = int(round((size[0] - crop[0]) / 2.0)), int(round((size[1] - crop[1]) / 2.0))
     clip = torch.empty((3, len(frames), *crop), dtype=torch.uint8)

@@ -203,8 +203,7 @@ def create_app(service: SessionService) -> FastAPI:
 
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn's server of the app: it says where it listens once it does, and on shutdown first sends every open
-    socket a close frame naming the reason."""
+    """uvicorn's server, which says where it listens and closes every open socket on shutdown."""
 
     def __init__(self, config: uvicorn.Config, service: SessionService) -> None:
         super().__init__(config)

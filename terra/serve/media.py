@@ -39,8 +39,7 @@ def read_frame_message(message: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 def decode_upload(value: Any, index: int, image_size: tuple[int, int], resize: str) -> np.ndarray:
-    """An uploaded frame (a base64 string or ``data:image/...;base64,`` URL of a PNG/JPEG/... file) → uint8 ``[H, W,
-    3]`` at the tokenizer's ``image_size``, so the full-size picture is held only while it is resized."""
+    """An uploaded frame (base64 or a data URL) → uint8 ``[H, W, 3]`` at the tokenizer's ``image_size``."""
     where = f"context image {index}"
     if not isinstance(value, str):
         raise TerraInputError(f"{where} must be a base64 string or a data:image URL (got {type(value).__name__})")

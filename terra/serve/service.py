@@ -77,9 +77,8 @@ class SessionService:
     # ------------------------------------------------------------------ sessions
 
     async def create(self, spec: Any) -> Entry:
-        """Open a session from a spec ``{"context": {...}, "seed": 0, "sampling": {...}, "num_context": 3,
-        "max_frames": 100}`` (all optional; the context is ``{"builtin": {manoeuvre, scene, speed_kmh}}``,
-        ``{"images": [base64 | data URL, ...], "actions"?, "speed_kmh"?}`` or ``{"codes": [...], ...}``)."""
+        """Open a session from a JSON spec with ``context``, ``seed``, ``sampling``, ``num_context``, ``max_frames``
+        (all optional)."""
         if not isinstance(spec, dict):
             raise TerraInputError("the body must be a JSON object, e.g. {\"context\": {\"builtin\": {}}}")
         unknown = sorted(set(spec) - SPEC_KEYS)
@@ -189,8 +188,7 @@ class SessionService:
         return frame, image, header
 
     async def context_image(self, entry: Entry) -> str:
-        """The session's last context frame as the model sees it (decoded from its codes), encoded as the frames are,
-        as a data URL: the page shows it from the start, before any frame is generated."""
+        """The session's last context frame as the model sees it, as a data URL."""
         session = entry.session
         rgb = await self._run(lambda: self.host.decode(session.context.codes[-1:])[0])
         image = await self._run(lambda: encode_image(rgb, self.settings.image_format, self.settings.jpeg_quality))

@@ -45,16 +45,14 @@ ENGINE_EXIT_S = 60.0  # how long vLLM's engine processes may take to exit on shu
 
 
 def allow_clean_exit() -> None:
-    """Give the engine's worker processes time to exit on their own at shutdown (set before they start: they read it
-    from the environment)."""
+    """Give the engine's worker processes time to exit on their own at shutdown."""
     import os
 
     os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(int(ENGINE_EXIT_S / 2)))
 
 
 def shutdown_engine(engine: Any) -> None:
-    """Shut an engine's processes down (``engine``: an ``EngineCoreClient`` or an ``AsyncLLM``), waiting up to
-    :data:`ENGINE_EXIT_S` for them to exit, where this vLLM's ``shutdown`` takes a timeout."""
+    """Shut an engine's processes down, waiting up to :data:`ENGINE_EXIT_S` where vLLM allows."""
     if "timeout" in inspect.signature(engine.shutdown).parameters:
         engine.shutdown(timeout=ENGINE_EXIT_S)
     else:
@@ -62,8 +60,7 @@ def shutdown_engine(engine: Any) -> None:
 
 
 def has_streaming_input() -> bool:
-    """True when this vLLM release takes streaming-input requests (``StreamingInput`` chunks fed to
-    ``AsyncLLM.generate`` through an async generator)."""
+    """True when this vLLM release takes streaming-input requests."""
     try:
         from vllm.engine.protocol import StreamingInput  # noqa: F401
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -158,14 +155,13 @@ def embed_inputs_again(runner: Any, input_batch: Any) -> None:
 
 
 def engine_draft_tokens(vllm_config: Any) -> int:
-    """The ``draft_tokens`` a started engine schedules a request per decode step for :mod:`terra.vllm.jacobi_state`
-    (0: sequential decoding, or vLLM's own speculators, whose rejection sampler stays vLLM's)."""
+    """The ``draft_tokens`` a started engine schedules per request and step (0: no Jacobi drafts)."""
     return 0 if vllm_config.speculative_config is not None else int(vllm_config.num_speculative_tokens or 0)
 
 
 def jacobi_graph_kwargs(draft_tokens: int, streams: int, passes_per_step: int = 1) -> dict[str, Any]:
-    """Engine arguments that run a decode step of up to ``streams`` rollouts, ``draft_tokens`` + 1 tokens each, as
-    one full CUDA graph."""
+    """Engine arguments that run a step of up to ``streams`` rollouts of ``draft_tokens + 1`` tokens as one CUDA
+    graph."""
     tokens = int(streams) * (int(draft_tokens) + 1)
     # vLLM captures 8, 16, 24, ... tokens below 256 and every 16 above, and truncates a largest size between two of
     # them to the one below (vllm/config/vllm.py): 33 would become 32 and leave one rollout's step without a graph

@@ -13,8 +13,7 @@ from terra.vllm import compat
 
 
 class ReplayedGraphs(ModelCudaGraphManager):
-    """vLLM's CUDA graph manager that remembers the full graph the current step replayed (None: the step ran without
-    one), so that the step can replay it again."""
+    """vLLM's CUDA graph manager, remembering the full graph the current step replayed (None: none)."""
 
     replayed: Any = None
 
@@ -54,17 +53,14 @@ class JacobiModelRunner(GPUModelRunner):
         return super().sample(hidden_states, input_batch, *args, **kwargs)
 
     def prepare_attention_again(self, input_batch: Any, replayed: Any) -> None:
-        """Rebuild the step's attention metadata into the buffers its graph reads, as ``execute_model`` built it, so
-        that every replay reads what a fresh step would: FlashAttention 3's scheduler metadata carries a
-        tile-count semaphore that its kernels consume."""
+        """Rebuild the step's attention metadata into the buffers its graph reads, as a fresh step would."""
         block_tables, slot_mappings = self.prepare_attn(input_batch)
         self.model_state.prepare_attn(input_batch, replayed.cg_mode, block_tables, slot_mappings, self.attn_groups,
                                       self.kv_cache_config)
 
 
 class JacobiWorker(Worker):
-    """vLLM's GPU worker with :class:`JacobiModelRunner` in place of Model Runner V2's own runner (the V1 runner is
-    left alone: compat.check_jacobi_engine refuses it once the engine has started)."""
+    """vLLM's GPU worker with :class:`JacobiModelRunner` in place of Model Runner V2's runner."""
 
     def _make_model_runner(self) -> Any:  # where vLLM 0.3x builds the runner
         if self.use_v2_model_runner:

@@ -20,9 +20,7 @@ from terra.vllm.compat import engine_draft_tokens
 def previous_frame_codes(
     history: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, frame_span: int, known: torch.Tensor
 ) -> torch.Tensor:
-    """The token one frame earlier than each of ``positions [R, K]`` (``history [slots, L]`` holds each request's
-    tokens from position 0: vLLM's ``all_token_ids``), or the request's last known token where that one is not
-    known yet or lies before 0."""
+    """The token one frame before each of ``positions [R, K]`` in ``history [slots, L]``, or the last known one."""
     earlier = positions - frame_span
     usable = (earlier >= 0) & (earlier < known[:, None])
     last = (known - 1).clamp(min=0)[:, None].expand_as(earlier)
@@ -104,9 +102,7 @@ class JacobiSampler:
 
 def embed_known_slots(embeds: torch.Tensor, positions: torch.Tensor, requests: torch.Tensor, prompt_len: torch.Tensor,
                       future_slots: torch.Tensor, layout: TokenLayout) -> None:
-    """Write into ``embeds [n, hidden]`` the embedding of every slot its request drew past its prompt: token ``i`` at
-    ``positions[i]`` of request ``requests[i]``, whose known frames' slots ``future_slots [reqs, frames, slots,
-    hidden]`` hold by window frame."""
+    """Write into ``embeds [n, hidden]`` the known-frame slot embeddings ``future_slots`` of drawn slots."""
     requests, positions = requests.to(torch.int64), positions.to(torch.int64)
     spatial = positions % layout.frame_span
     known = (positions >= prompt_len[requests]) & (spatial >= layout.image_tokens)

@@ -123,8 +123,7 @@ class ActionDummyInputsBuilder(BaseDummyInputsBuilder[ActionProcessingInfo]):
 
 
 def find_slots(token_ids: Sequence[int], slot_token_id: int, slot_tokens: int) -> list[int]:
-    """Offsets of each frame's ``slot_tokens`` consecutive placeholder ids (its slots: actions, then routes) in a
-    prompt, in order."""
+    """Offsets of each frame's ``slot_tokens`` consecutive placeholder ids in a prompt."""
     ids = np.asarray(token_ids, dtype=np.int64)
     is_slot = np.concatenate([[False], ids == slot_token_id, [False]])
     edges = np.flatnonzero(np.diff(is_slot.astype(np.int8)))

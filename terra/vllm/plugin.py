@@ -12,8 +12,7 @@ PLUGIN = ("terra", "terra.vllm.plugin:register")  # pyproject.toml: [project.ent
 
 
 def check_vllm_plugin() -> None:
-    """Raise unless this environment has the project's vLLM plugin entry point (vLLM finds the world model only
-    through it, in every process it starts)."""
+    """Raise unless this environment has the project's vLLM plugin entry point."""
     found = {(ep.name, ep.value) for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
     if PLUGIN not in found:
         raise TerraInputError("backend=vllm needs the project installed on this node (its vLLM plugin is the entry "
