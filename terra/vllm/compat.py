@@ -164,7 +164,7 @@ def jacobi_graph_kwargs(draft_tokens: int, streams: int, passes_per_step: int = 
     graph."""
     tokens = int(streams) * (int(draft_tokens) + 1)
     # vLLM captures 8, 16, 24, ... tokens below 256 and every 16 above, and truncates a largest size between two of
-    # them to the one below (vllm/config/vllm.py): 33 would become 32 and leave one rollout's step without a graph
+    # them to the one below: 33 would become 32 and leave one rollout's step without a graph
     graphs = {"compilation_config": {"cudagraph_mode": "FULL"}, "max_cudagraph_capture_size": -(-tokens // 16) * 16}
     if int(streams) > 1 or int(passes_per_step) == 1:
         graphs.update(supported_engine_kwargs(attention_config={"flash_attn_max_num_splits_for_cuda_graph": 1}))
