@@ -8,8 +8,7 @@ PSNR_CAP_DB = 100.0  # identical frames have infinite PSNR; averages use this in
 
 
 def psnr_db(mse: float, peak: float = 255.0) -> float:
-    """PSNR in dB of a mean squared error ``mse`` for pixel values up to ``peak`` (infinite at 0): the one formula
-    of every PSNR the toolkit reports."""
+    """PSNR in dB of a mean squared error ``mse`` for pixel values up to ``peak`` (infinite at 0)."""
     return float(10 * np.log10(peak**2 / mse)) if mse > 0 else float("inf")
 
 

@@ -1,9 +1,5 @@
-"""Frames → files, for ``terra-generate`` and the batch writer alike: what is drawn on the frames
-(:func:`shown_frames`), one file per format (:func:`write_formats`), and a ``terra-generate`` run's videos, grid
-and sidecar (:func:`write_outputs`), of which nothing stays when the run fails or is interrupted while writing.
-The names are planned once before any work (terra/config/outputs.py, ``OutputSpec.names``) and written as planned.
-What a sidecar says of a rollout's routes is :func:`route_record`'s.
-"""
+"""Frames → files for ``terra-generate`` and the batch writer: overlays, one file per format, and a run's videos,
+grid and sidecar (nothing stays when writing fails)."""
 
 from __future__ import annotations
 
@@ -26,8 +22,8 @@ if TYPE_CHECKING:
 
 def shown_frames(frames: np.ndarray, actions: np.ndarray, num_context: int, mark_context: bool,
                  overlay_trajectory: bool, routes: np.ndarray | None = None) -> np.ndarray:
-    """The frames as written: with the commanded path and the told ``routes`` (``[T, K, 3]``, None: none) drawn on
-    (``overlay_trajectory``) and the context frames marked (``mark_context``)."""
+    """The frames as written: commanded path and told ``routes`` (``[T, K, 3]``, None: none) drawn on, context
+    marked."""
     if overlay_trajectory:
         frames = draw_trajectory(frames, actions[: len(frames)], routes=routes)
     if mark_context:
@@ -37,13 +33,7 @@ def shown_frames(frames: np.ndarray, actions: np.ndarray, num_context: int, mark
 
 def route_record(routes: np.ndarray | None, source: str | None, frames: int,
                  told: Sequence[str] | None = None) -> dict[str, Any]:
-    """What a sidecar says of a rollout's routes (docs/generate.md, "Routes"): ``route``, whether any frame was told
-    one (by content); ``route_source``, where they came from (terra/inputs/requests.py, ``RolloutInputs.route_source``;
-    None: none told); ``ego_routes``, each of the ``frames`` frames' told route (``routes[t]``, ``[K, 3]``
-    ``[y, x, s]``) as ``[[x, y], ...]`` in that frame's ego frame to the millimetre, point ``k`` at
-    ``80 m * (k + 1) / K`` along the road, as a trajectory's ``ego_routes`` are written, or null for a frame told no
-    route (None: none told); ``route_told``, each frame's verdict (``told``, else why not: terra/contract/routes.py;
-    ``told`` the verdicts known, else from content)."""
+    """What a sidecar says of a rollout's routes: ``route``, whether any frame was told one (by content)."""
     if routes is None:
         return {"route": False, "route_source": None, "ego_routes": None, "route_told": [NONE_GIVEN] * frames}
     routes = np.asarray(routes, dtype=np.float64)[:frames]
@@ -56,8 +46,7 @@ def route_record(routes: np.ndarray | None, source: str | None, frames: int,
 
 
 def write_formats(paths: Mapping[str, Path], frames: np.ndarray, fps: float, written: list[Path]) -> None:
-    """Write ``frames`` once per format, ``{"mp4": file, "gif": file, "png": folder}``; each file is added to
-    ``written`` as soon as it exists (a PNG folder's frames one by one), so a failure can remove what was made."""
+    """Write ``frames`` once per format, ``{"mp4": file, "gif": file, "png": folder}``."""
     for fmt, path in paths.items():
         if fmt == "png":
             written += write_png_sequence(path, frames)
@@ -78,16 +67,8 @@ def write_outputs(
     route_told: Sequence[str] | None = None,
     **record: Any,
 ) -> list[Path]:
-    """Write every rollout's videos and one sidecar describing the run, drawn and timed as ``output`` says and named
-    as ``names`` (``output.names(len(results))``, claimed by the app) plans; return the written paths.
-
-    ``ground_truth`` (uint8 ``[num_frames, H, W, 3]``), when known, adds per-frame PSNR to the sidecar;
-    ``route_source`` says where the requests' routes came from and ``route_told`` each frame's verdict
-    (:func:`route_record`); ``record`` adds fields to the
-    sidecar. When a write fails or is interrupted, the files and frame folders written so far are removed before the
-    error propagates.
-    """
-    out_dir.mkdir(parents=True, exist_ok=True)  # claimed by the app (terra/config/output_dir.py)
+    """Write every rollout's videos and one sidecar for the run, as ``output`` says, named as ``names`` plans."""
+    out_dir.mkdir(parents=True, exist_ok=True)  # claimed by the app
     files: list[Path] = []
     new_folders = [out_dir / name for name in names.folders if not (out_dir / name).exists()]
     try:

@@ -1,9 +1,4 @@
-"""The end-to-end pipeline: tokenizer → generation backend → frames.
-
-``WorldModelPipeline`` owns an image tokenizer and a :class:`~terra.generation.rollout.WorldModelBackend`; it encodes
-context images, runs rollouts on whichever backend it was given (it never asks which), and decodes the
-codes back to frames. Video files are written by :mod:`terra.decoder`.
-"""
+"""The end-to-end pipeline: tokenizer → generation backend → frames."""
 
 from __future__ import annotations
 
@@ -56,18 +51,12 @@ class RolloutResult:
     pass_stats: PassStats | None = None  # forward passes of the generated frames
 
     def pass_record(self) -> dict:
-        """The forward passes of the generated frames, for a sidecar: the decoding that ran, its draft_tokens,
-        passes per frame."""
+        """The forward passes of the generated frames, for a sidecar."""
         return (self.pass_stats or PassStats()).as_dict(self.sampling)
 
 
 def actor_spec(spec: RunSpec, gpus: Sequence[str]) -> RunSpec:
-    """The run spec of a Ray actor on the GPUs Ray gave it (``gpus``; none on a CPU actor), made once as it starts,
-    before :func:`resolve_run` (every actor: the batch's, terra/batch/ray_actor.py, and ``terra-drive``'s,
-    terra/closedloop/recording/ray_executor.py). Its device is ``cuda`` with GPUs, else the spec's (``auto``: the CPU,
-    never a GPU Ray did not give); its backend is chosen for that device (terra/config/backend.py); on vLLM this
-    node's plugin is checked (terra/vllm/plugin.py) and a multi-GPU engine runs its workers as processes on this
-    actor's GPUs (``distributed_executor_backend=mp``, unless set), not as Ray actors of their own."""
+    """The run spec of a Ray actor on the GPUs Ray gave it (``gpus``; none on a CPU actor)."""
     device = "cuda" if gpus else ("cpu" if spec.device == "auto" else spec.device)
     backend = resolve_backend(spec.backend, device)
     options = dict(spec.backend_options)
@@ -98,8 +87,7 @@ def check_compatible(world_model_config: LlamaActionConfig, tokenizer) -> None:
 
 def _pretrained_paths(world_model: str | Path, tokenizer: str | Path | ImageTokenizer | None,
                       ) -> tuple[str, str | Path | ImageTokenizer]:
-    """:meth:`WorldModelPipeline.from_pretrained`'s ``world_model`` and ``tokenizer`` as folders (or the loaded
-    tokenizer); one line for a name that is neither ``"demo"`` nor a folder here."""
+    """``world_model`` and ``tokenizer`` as folders (or the loaded tokenizer)."""
     if str(world_model) == DEMO_NAME:
         demo_model, demo_tokenizer = demo_checkpoints()
         return str(demo_model), demo_tokenizer if tokenizer is None else tokenizer
@@ -128,30 +116,23 @@ class WorldModelPipeline:
             tokenizer_batch_size = moved_value(TOKENIZER_BATCH_SIZE, decode_batch_size)
         self.tokenizer = tokenizer.to(device).eval()
         self.backend = backend
-        # the options the backend was built with (terra/generation/resolve.py, engine_options): what a run records
+        # the options the backend was built with: what a run records
         self.engine_options = dict(engine_options or {})
         self.device = device
-        # frames per tokenizer call, encoding and decoding: as many whole frames as ``tokenizer_pixels`` hold (at
-        # least one), the run's memory preset's (terra/config/memory.py, tokenizer_pixels; by default what fits
-        # beside vLLM's own 90 %)
+        # frames per tokenizer call: as many whole frames as ``tokenizer_pixels`` hold, at least one
         frame = int(tokenizer.image_size[0]) * int(tokenizer.image_size[1])
         self.tokenizer_batch_size = tokenizer_batch_size or max(1, tokenizer_pixels // max(1, frame))
-        # Batch writers, sessions and the server call encode/decode from several threads; one tokenizer call at a
-        # time keeps its activations to one batch beside a vLLM engine that holds most of the GPU (without it, four
-        # writer threads decoding 288x512 frames at once ran the H100 out of memory: benchmarks/rollout.md).
+        # one tokenizer call at a time across threads, so its activations fit beside a vLLM engine
         self._tokenizer_lock = threading.Lock()
         self._refiner_lock = threading.Lock()
 
     @classmethod
     def from_run(cls, run: ResolvedRun, tokenizer: ImageTokenizer | None = None) -> "WorldModelPipeline":
-        """The one builder of every app's pipeline (terra-generate, -serve, -rollout and its Ray actors, -drive,
-        -evaluate, :meth:`from_pretrained`): the tokenizer loaded (or the one given), the pair checked, then the
-        world model loaded on ``run``'s backend, built as the run resolved it (terra/generation/backends.py,
-        ``build_backend``), with the engine options the run resolved (a vLLM engine's room among them)."""
+        """The pipeline of a resolved run: the tokenizer (or ``tokenizer``) and the world model on the run's backend."""
         spec = run.spec
         tok = tokenizer or load_tokenizer(spec.tokenizer)
         check_compatible(run.model, tok)
-        if spec.backend == "vllm":  # the slow part of a start, said before it (benchmarks/durations.md)
+        if spec.backend == "vllm":  # the slow part of a start, said before it
             how_long = "1-5 min on a CPU" if spec.device == "cpu" else "about 1-1.5 min on a GPU, CUDA graphs captured"
             announce(f"terra: starting vLLM's engine, the slow part of the start ({how_long}) ...")
         backend = build_backend(run)
@@ -173,25 +154,7 @@ class WorldModelPipeline:
         num_threads: int | str | None = DEFAULT_THREADS,
         **backend_options,
     ) -> "WorldModelPipeline":
-        """Load a tokenizer (or take a loaded one) and a world model checkpoint, check they fit, build the backend:
-        the Python API's edge, so the arguments are checked here, then :func:`resolve_run` and :meth:`from_run` run.
-
-        ``world_model`` is ``"demo"`` (the demo model shipped in the package, with its tokenizer: no
-        ``tokenizer`` needed) or a local checkpoint folder in Terra's layout (``config.json`` and safetensors:
-        Terra's ``world_model/``, a fine-tune's ``model/``); ``tokenizer`` is the folder of the tokenizer it was
-        trained with (Terra's ``lfq_tokenizer_B_256``) or a loaded :class:`ImageTokenizer`. Nothing is downloaded:
-        a Hub id is one line saying how to download it first (``hf download``).
-
-        ``decoding`` and ``draft_tokens`` (as ``sampling.decoding`` / ``sampling.draft_tokens``; ``block_size``,
-        draft_tokens' old name, is taken until 0.2.0) are the pipeline's decoding, ``auto`` decided for
-        one rollout in flight (terra/generation/decoding.py, ``auto_decoding``): a vLLM engine starts for it and
-        decodes every call so; on the Transformers backend it is what a call's ``sampling.decoding=auto`` runs as
-        (a call that names its decoding gets it).
-        ``config`` is the world model's config when the caller has read it already (it then checks the window).
-        ``num_threads`` is the apps' setting of that name, decided by the same rule (terra/config/backend.py,
-        ``check_num_threads``; ``auto``, the default of ``terra-generate``: half the CPUs this process may use,
-        N, or None for torch's default of one per core); like the apps it sets this process's torch threads.
-        """
+        """Load a tokenizer (or take a loaded one) and a world-model checkpoint, check they fit, build the backend."""
         world_model, tokenizer = _pretrained_paths(world_model, tokenizer)
         backend, options = check_backend(backend, backend_options)
         spec = RunSpec(str(world_model), "" if isinstance(tokenizer, ImageTokenizer) else str(tokenizer),
@@ -243,9 +206,7 @@ class WorldModelPipeline:
 
     def frames(self, codes: np.ndarray, seed: int | None = None, refiner: "VideoRefiner | None" = None,
                progress: bool = False) -> tuple[np.ndarray, dict[str, float]]:
-        """A rollout's codes ``[T, h, w]`` → uint8 frames and the timings of the decoding: the one place where
-        ``decoder=tokenizer`` (the tokenizer's decoder, frame by frame) and ``decoder=refiner`` (``refiner``, Terra's
-        video refiner at 384x640, seeded with ``seed`` or 0: decoder/refiner/) part ways."""
+        """A rollout's codes ``[T, h, w]`` → uint8 frames and the timings of the decoding."""
         start = time.perf_counter()
         if refiner is None:
             return self.decode(codes), {"decode_s": time.perf_counter() - start}
@@ -261,10 +222,7 @@ class WorldModelPipeline:
         on_frame: FrameCallback | None = None,
         decode: bool = True,
     ) -> list[RolloutResult]:
-        """Run all rollouts together on the backend, then decode each to frames with the tokenizer (``decode``;
-        without it ``frames`` stay None for :meth:`refine` once the engine is closed). ``sampling.decoding=auto``
-        runs as the pipeline's run chose (``WorldModelBackend.as_run``; :func:`resolve_run`); each result's
-        ``decoding`` says which ran and its forward passes per frame."""
+        """Run all rollouts on the backend, then decode each to frames (``decode=False``: ``frames`` stay None)."""
         sampling = self.backend.as_run(sampling)
         start = time.perf_counter()
         states = self.backend.run_rollouts(requests, sampling, progress=progress, on_frame=on_frame)
@@ -284,9 +242,7 @@ class WorldModelPipeline:
 
     def refine(self, results: Sequence[RolloutResult], refiner: "VideoRefiner",
                progress: bool = False) -> list[RolloutResult]:
-        """Give each result the frames of Terra's video refiner (``decoder=refiner``: 384x640), seeded with its
-        request's seed (0 when it has none); ``timings`` gain the refiner's stages (``refine_*``). See
-        :mod:`terra.decoder.refiner`."""
+        """Give each result the video refiner's frames (384x640), seeded with its request's seed (0 when none)."""
         for result in results:
             result.frames, timings = self.frames(result.codes, result.request.seed, refiner, progress)
             result.timings.update(timings)

@@ -1,10 +1,5 @@
-"""``decoder=refiner``: the ``refiner`` settings of a run (``conf/refiner/terra.yaml``) checked before any model
-loads, and loaded once generation is done (the world model's memory is free by then).
-
-``decoder=tokenizer`` (the default) decodes each frame with the tokenizer's decoder, at its size (Terra: 288x512);
-``decoder=refiner`` refines the whole video with Terra's video refiner (:mod:`terra.decoder.refiner`) at 384x640.
-diffusers is imported only when a refiner is loaded.
-"""
+"""``decoder=refiner``: the ``refiner`` settings of a run checked before any model loads, and loaded once generation
+is done (the world model's memory is free by then)."""
 
 from __future__ import annotations
 
@@ -43,19 +38,14 @@ class RefinerSettings:
 
 
 def check_decoder(spec: RunSpec) -> RefinerSettings | None:
-    """:func:`refiner_settings` for a caller without a resolved run (a batch's driver, which leaves the run to its
-    actors; a batch given a loaded pipeline): the refiner's device, ``refiner.device`` or else the spec's, checked
-    and resolved here as a run resolves it (terra/generation/resolve.py, ``resolve_backend_run``)."""
+    """The refiner's settings for a caller without a resolved run, its device checked and resolved."""
     if spec.decoder == "tokenizer":
         return None
     return refiner_settings(spec, resolve_device(check_device(spec.refiner.get("device") or spec.device)))
 
 
 def refiner_settings(spec: RunSpec, device: str | None) -> RefinerSettings | None:
-    """None for ``decoder=tokenizer``; for ``refiner`` the checked :class:`RefinerSettings` (file present, device
-    able), from the spec's ``refiner`` block (the keys of ``conf/refiner/terra.yaml``) on ``device``, the refiner's
-    device as the run resolved it (terra/generation/resolve.py, ``BackendRun.refiner_device``; None with
-    ``decoder=tokenizer``). Every problem raises one line (:class:`TerraInputError`)."""
+    """None for ``decoder=tokenizer``."""
     if spec.decoder == "tokenizer":
         return None
     node = spec.refiner

@@ -1,6 +1,4 @@
-"""A run made concrete once for this process: :func:`resolve_run` and the :class:`ResolvedRun` it makes, which
-:meth:`~terra.pipeline.WorldModelPipeline.from_run` builds and the apps carry (``terra-generate``, ``-serve``,
-``-rollout`` and its Ray actors, ``-drive``, ``-evaluate``, ``-alpasim``)."""
+"""A run made concrete once for this process: :func:`resolve_run` and the :class:`ResolvedRun` the apps carry."""
 
 from __future__ import annotations
 
@@ -14,26 +12,20 @@ from terra.refiner import RefinerSettings, refiner_settings
 
 @dataclass(frozen=True)
 class ResolvedRun(BackendRun):
-    """A run as this process makes it, once (:func:`resolve_run`): what :meth:`WorldModelPipeline.from_run` builds.
-    Its backend's every setting concrete (terra/generation/resolve.py, ``BackendRun``: ``spec`` with the threads,
-    device, backend, decoding, block, guesses and memory plan, ``model``, ``dtype``, ``requests``, and the facts
-    handed down with them: the token ``layout``, the tokenizer's pixels at once, the refiner's device) and beside
-    them ``decoder=refiner``'s settings."""
+    """A run as this process makes it, once (:func:`resolve_run`): what :meth:`WorldModelPipeline.from_run` builds."""
 
-    refiner: RefinerSettings | None  # decoder=refiner: its checked weights and device (terra/refiner.py)
+    refiner: RefinerSettings | None  # decoder=refiner: its checked weights and device
 
 
 def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
                 refine_after: bool = False, max_rollouts: int | None = None) -> ResolvedRun:
-    """Make a checked :class:`~terra.config.spec.RunSpec` concrete for this process, once per run and in the same
-    order for every app: its backend's settings in one step (terra/generation/resolve.py, ``resolve_backend_run``:
-    the model's config read and its window checked, unless ``model`` is that config as the run already read it (a
-    Ray actor gets it from its driver), its token layout, threads, device, dtype and backend, the refiner's device,
-    decoding, guesses and block for at most ``streams`` rollouts in flight of that model, vLLM's request path, the
-    engine's options fitted to the ``memory`` preset with the refiner beside the engine unless ``refine_after``: the
-    app refines once the engine is closed, as terra-generate does, and a vLLM engine's room for ``max_rollouts``
-    rollouts in flight with its passes a step; None: the backend's options decide), then ``decoder=refiner``'s
-    settings checked on the device chosen (terra/refiner.py)."""
+    """Make a checked ``RunSpec`` concrete for this process: backend, device, dtype, decoding and engine options.
+
+    Args:
+        streams: the most rollouts in flight at once.
+        model: the model's config if already read (None: read from the checkpoint).
+        refine_after: refine once the engine is closed, not beside it.
+        max_rollouts: the rollouts a vLLM engine must hold at once (None: the backend's options decide)."""
     place = "off" if spec.decoder == "tokenizer" else "after" if refine_after else "shared"
     run = resolve_backend_run(spec, streams, model, place, max_rollouts)
     return ResolvedRun(**vars(run), refiner=refiner_settings(run.spec, run.refiner_device))

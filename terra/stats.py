@@ -1,21 +1,5 @@
-"""Uncertainty of a statistic over drives: a cluster bootstrap over scenarios, and a three-way decision against a band.
-
-The fidelity measurements (terra/fidelity/) and the closed loop's run summary (terra/closedloop/recording/run.py: the
-mean scene score) report their intervals with it.
-
-Drives of one scenario share a road, a start and a context, so their metrics are correlated: the independent units
-are the scenarios, not the drives. A bootstrap replicate therefore draws the scenarios with replacement (as many as
-there are) and keeps every drive of each drawn scenario (all its policies and world-model seeds), as often as the
-scenario was drawn; the 95 % interval is the percentile interval of the statistic over ``draws`` replicates
-(Efron & Tibshirani, ch. 13). One :class:`Bootstrap` (draws, seed, level) fixes the replicates, so every statistic
-computed with it is reproducible and all of them are computed on the same resampled scenarios.
-
-Statistics that are ratios of sums over drives (means, paired differences, per-policy means, regression slopes)
-are computed for all replicates at once from per-scenario sums (:func:`cluster_interval`: a replicate is a row of
-scenario weights); any other statistic of the per-drive records goes through :func:`record_interval`, a loop over
-the same replicates. :func:`decide` turns an interval and an acceptance band into ``pass`` / ``fail`` /
-``inconclusive``; a world is flagged by a statistic when the statistic fails.
-"""
+"""Uncertainty of a statistic over drives: a cluster bootstrap over scenarios, and a three-way decision against a
+band."""
 
 from __future__ import annotations
 
@@ -30,9 +14,7 @@ PASS, FAIL, INCONCLUSIVE = "pass", "fail", "inconclusive"
 
 @dataclass(frozen=True)
 class Interval:
-    """A point estimate and its bootstrap percentile interval at ``level``; ``undefined`` is the share of
-    replicates in which the statistic had no value (e.g. a rank correlation of tied means), left out of the
-    percentiles. NaN bounds when no replicate had a value."""
+    """A point estimate and its bootstrap percentile interval at ``level``; NaN bounds when no replicate had a value."""
 
     estimate: float
     low: float
@@ -64,8 +46,7 @@ class Bootstrap:
             raise ValueError(f"bootstrap level must lie in (0, 1) (got {self.level!r})")
 
     def weights(self, clusters: int) -> np.ndarray:
-        """``[draws, clusters]``: how often each scenario is drawn in each replicate (``clusters`` draws with
-        replacement, so each row sums to ``clusters``)."""
+        """``[draws, clusters]``: how often each scenario is drawn in each replicate."""
         drawn = np.random.default_rng([self.seed, clusters]).integers(clusters, size=(self.draws, clusters))
         drawn += clusters * np.arange(self.draws)[:, None]  # a bin per (replicate, scenario)
         return np.bincount(drawn.ravel(), minlength=self.draws * clusters).reshape(self.draws, clusters).astype(float)
@@ -112,17 +93,14 @@ class Clusters:
 
 def cluster_interval(statistic: Callable[[np.ndarray], np.ndarray], clusters: Clusters,
                      bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The interval of a statistic given as a function of scenario weights: ``statistic(w [R, C]) -> [R]`` is its
-    value with scenario c counted ``w[:, c]`` times (NaN where undefined); the estimate is its value at weight 1."""
+    """The interval of ``statistic(w [R, C]) -> [R]`` over scenario weights (NaN where undefined)."""
     estimate = statistic(np.ones((1, clusters.size)))[0]
     return bootstrap.interval(estimate, statistic(bootstrap.weights(clusters.size)))
 
 
 def record_interval(statistic: Callable[[np.ndarray], float], scenarios: Sequence[Hashable],
                     bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The interval of any statistic of per-drive records: ``statistic(indices) -> float`` of the records at
-    ``indices`` (a record repeated as often as its scenario was drawn); the same replicates as
-    :func:`cluster_interval` for the same ``bootstrap``, one call per replicate."""
+    """The interval of any statistic of per-drive records."""
     clusters = Clusters.of(scenarios)
     members = [np.flatnonzero(clusters.index == c) for c in range(clusters.size)]
     replicates = np.empty(bootstrap.draws)
@@ -148,8 +126,7 @@ def mean(scenarios: Sequence[Hashable], values: np.ndarray, bootstrap: Bootstrap
 
 def paired_difference(scenarios: Sequence[Hashable], world: np.ndarray, truth: np.ndarray,
                       bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The mean over drives of ``world - truth`` of a per-drive metric, each drive paired with the true world's drive
-    of the same scenario and policy (the caller pairs them); pairs with a NaN are left out."""
+    """The mean over drives of ``world - truth``, each drive paired by the caller; NaN pairs left out."""
     world, truth = np.asarray(world, dtype=np.float64), np.asarray(truth, dtype=np.float64)
     if world.shape != truth.shape:
         raise ValueError(f"paired values differ in shape: world {world.shape}, truth {truth.shape}")
@@ -158,10 +135,7 @@ def paired_difference(scenarios: Sequence[Hashable], world: np.ndarray, truth: n
 
 def policies_median_difference(scenarios: Sequence[Hashable], policies: Sequence[Hashable], world: np.ndarray,
                                 truth: np.ndarray, bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The median over policies of each policy's mean ``world - truth`` over its paired drives (pairs with a NaN left
-    out), with its interval over scenarios: the typical policy's difference, which no single policy decides (one that
-    draws random numbers, or whose drives sit on a knife's edge between two outcomes). A replicate in which no policy
-    has a drive is undefined."""
+    """The median over policies of each policy's mean ``world - truth``, with its interval over scenarios."""
     difference = np.asarray(world, dtype=np.float64) - np.asarray(truth, dtype=np.float64)
     if not len(scenarios) == len(policies) == len(difference):
         raise ValueError(f"{len(scenarios)} scenarios, {len(policies)} policies and {len(difference)} values: one each "
@@ -184,9 +158,7 @@ def policies_median_difference(scenarios: Sequence[Hashable], policies: Sequence
 
 def regression_slope(scenarios: Sequence[Hashable], x: np.ndarray, y: np.ndarray, intercept: bool,
                      bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """Least-squares slope of ``y`` on ``x`` over records (pairs with a NaN left out): through the origin
-    (``intercept=False``: ``sum(xy) / sum(xx)``, the gain of y = b x) or with an intercept (``intercept=True``:
-    ``cov(x, y) / var(x)``). NaN where x has no spread."""
+    """Least-squares slope of ``y`` on ``x``: ``sum(xy) / sum(xx)``, or ``cov(x, y) / var(x)`` with ``intercept``."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if x.shape != y.shape:
         raise ValueError(f"x {x.shape} and y {y.shape} differ in shape")
@@ -207,10 +179,7 @@ def regression_slope(scenarios: Sequence[Hashable], x: np.ndarray, y: np.ndarray
 
 def within_slope(scenarios: Sequence[Hashable], groups: Sequence[Hashable], x: np.ndarray, y: np.ndarray,
                  bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """Least-squares slope of ``y`` on ``x`` with an intercept of its own for each group (a drive): how y moves with
-    x within a group, blind to differences between the groups' means (the fixed-effects, or within, estimator).
-    Each group must lie inside one scenario, so that resampling scenarios keeps groups whole; pairs with a NaN are
-    left out."""
+    """Least-squares slope of ``y`` on ``x`` with an intercept of its own for each group (a drive)."""
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     if not len(scenarios) == len(groups) == len(x) == len(y):
         raise ValueError(f"{len(scenarios)} scenarios, {len(groups)} groups, {len(x)} x and {len(y)} y: one each per "
@@ -243,9 +212,7 @@ class DriveValues:
 
 @dataclass(frozen=True)
 class RankAgreement:
-    """How two worlds rank the policies by their mean metric: Kendall's tau-b, Spearman's rho, Pearson's r of the
-    means and the mean maximum rank violation (:func:`mmrv_rows`, world a judged against world b), with
-    intervals."""
+    """How two worlds rank the policies by their mean metric."""
 
     policies: tuple
     means_a: np.ndarray  # [P] per-policy mean in world a
@@ -257,8 +224,7 @@ class RankAgreement:
 
 
 def kendall_tau_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Kendall's tau-b between the rows of ``a`` and ``b`` ``[R, P]`` (as scipy.stats.kendalltau, ties included);
-    NaN for a row with a NaN or without spread."""
+    """Kendall's tau-b between the rows of ``a`` and ``b`` ``[R, P]``; NaN for a row with a NaN or no spread."""
     upper = np.triu_indices(a.shape[1], 1)
     sa = np.sign(a[:, :, None] - a[:, None, :])[:, upper[0], upper[1]]
     sb = np.sign(b[:, :, None] - b[:, None, :])[:, upper[0], upper[1]]
@@ -282,12 +248,7 @@ def pearson_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def mmrv_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """The mean maximum rank violation of ranking by ``a`` where ``b`` is the reference, rows ``[R, P]``: per
-    policy i the largest ``|b_i - b_j|`` over the policies j that ``a`` orders otherwise than ``b``
-    (``a_i < a_j`` but not ``b_i < b_j``, or the reverse), averaged over the policies and divided by the spread of
-    ``b`` (max - min), so that 0 is a faithful ranking and 1 the worst (Li et al. 2024, "Evaluating real-world robot
-    manipulation policies in simulation", SIMPLER, over success rates, which span 1). NaN for a row with a NaN or
-    without spread in ``b``."""
+    """Mean maximum rank violation of ``a`` against reference ``b``, rows ``[R, P]``: 0 faithful, 1 the worst."""
     gap = np.abs(b[:, :, None] - b[:, None, :])
     violated = (a[:, :, None] < a[:, None, :]) != (b[:, :, None] < b[:, None, :])
     worst = np.where(violated, gap, 0.0).max(2).mean(1)
@@ -297,10 +258,7 @@ def mmrv_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def rank_agreement(a: DriveValues, b: DriveValues, bootstrap: Bootstrap = Bootstrap()) -> RankAgreement:
-    """Kendall's tau, Spearman's rho, Pearson's r and the MMRV (``b`` the reference) between the per-policy means
-    of two worlds, with intervals over scenarios (both worlds' drives of a drawn scenario enter the replicate
-    together). Point estimates of the correlations by scipy.stats; a replicate in which a policy has no drive or a
-    world's means are all tied is undefined."""
+    """Kendall's tau, Spearman's rho, Pearson's r and MMRV of two worlds' per-policy means, with intervals."""
     from scipy.stats import kendalltau, pearsonr, spearmanr
 
     policies = tuple(dict.fromkeys([*a.policy, *b.policy]))
@@ -332,10 +290,7 @@ def rank_agreement(a: DriveValues, b: DriveValues, bootstrap: Bootstrap = Bootst
 
 
 def few_clusters_factor(clusters: int, level: float = 0.95) -> float:
-    """How much wider than the bootstrap's an interval over ``clusters`` scenarios must be drawn: the bootstrap's
-    spread of a mean is too narrow by ``sqrt((C - 1) / C)`` and its normal tails too short for C scenarios, so the
-    interval is widened by ``sqrt(C / (C - 1)) t_{C-1} / z`` (Student's t with C - 1 degrees of freedom against the
-    normal quantile at ``level``): 1.87 for 4 scenarios, 1.29 for 8, 1.10 for 32; infinite for one."""
+    """The factor ``sqrt(C / (C - 1)) t_{C-1} / z`` that widens a bootstrap interval over ``clusters`` scenarios."""
     from scipy.stats import norm, t
 
     if clusters < 2:
@@ -345,8 +300,7 @@ def few_clusters_factor(clusters: int, level: float = 0.95) -> float:
 
 
 def widened(interval: Interval, factor: float) -> Interval:
-    """``interval`` with each side's distance from the estimate multiplied by ``factor`` (bounds NaN when either is
-    undefined or the factor infinite)."""
+    """``interval`` with each side's distance from the estimate multiplied by ``factor``."""
     if not np.isfinite(factor) or not np.isfinite(interval.estimate):
         return Interval(interval.estimate, float("nan"), float("nan"), interval.level, interval.undefined)
     low = interval.estimate - factor * (interval.estimate - interval.low)
@@ -355,8 +309,7 @@ def widened(interval: Interval, factor: float) -> Interval:
 
 
 def decide(interval: Interval, band: tuple[float, float]) -> str:
-    """``pass`` when the interval lies inside the acceptance band ``[low, high]`` (either end may be infinite),
-    ``fail`` when it lies entirely outside, ``inconclusive`` when it straddles an end or is undefined (NaN)."""
+    """``pass`` inside the band ``[low, high]``, ``fail`` entirely outside, else ``inconclusive``."""
     low, high = band
     if not low <= high:
         raise ValueError(f"acceptance band must have low <= high (got [{low}, {high}])")

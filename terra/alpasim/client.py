@@ -1,13 +1,4 @@
-"""A client of the WorldModelService that calls it as AlpaSim's runtime does (for scripts/bench/benchmark_alpasim.py,
-smoke runs against a server, and the tests' fake runtime in tests/alpasim/).
-
-AlpaSim's runtime (its services/video_model_service.py and events/video_model/prefetch.py) makes one
-``start_session`` per rollout with one FTheta camera, the camera's first recorded frame as a JPEG, its mounting, the
-scene's HD map and a text prompt, and no seed; then chunks of the rig's poses (the local frame, quaternion w first,
-microseconds), a short first chunk and longer later ones, each starting one frame after the last; then
-``close_session`` with the id as a plain string. :class:`RuntimeClient` makes those calls; :func:`trajectory` gives
-a chunk's poses along a path (:func:`straight`, :func:`curve`).
-"""
+"""A client of the WorldModelService that calls it as AlpaSim's runtime does."""
 
 from __future__ import annotations
 
@@ -44,8 +35,7 @@ def curve(speed: float = 8.0, rate: float = 0.25, start: tuple[float, float, flo
 
 
 def camera_spec(resolution: tuple[int, int] = (0, 0), logical_id: str = CAMERA) -> sensorsim_pb2.CameraSpec:
-    """An equidistant FTheta camera of 120 degrees, as AlpaSim's runtime describes a camera a scene does not
-    calibrate (``resolution`` (H, W); (0, 0): the server's own)."""
+    """An equidistant FTheta camera of 120 degrees; ``resolution`` (H, W), (0, 0): the server's own."""
     height, width = resolution
     focal = math.hypot(width or 1280, height or 640) / 2 / math.radians(60)
     return sensorsim_pb2.CameraSpec(
@@ -70,7 +60,7 @@ def trajectory(path: Path, frames: Sequence[int], anchor_us: int = ANCHOR_US) ->
 
 
 class BearerToken(grpc.UnaryUnaryClientInterceptor):
-    """Adds ``authorization: Bearer <token>`` to every call's metadata (terra/alpasim/service.py, ``TokenCheck``)."""
+    """Adds ``authorization: Bearer <token>`` to every call's metadata."""
 
     def __init__(self, token: str) -> None:
         self.metadata = ("authorization", f"Bearer {token}")
@@ -81,8 +71,7 @@ class BearerToken(grpc.UnaryUnaryClientInterceptor):
 
 
 class RuntimeClient:
-    """The runtime's calls on a channel to ``address`` (``host:port``) with AlpaSim's 64 MiB message limits;
-    ``token``: the server's ``alpasim.token``, sent with every call as ``authorization: Bearer <token>``."""
+    """The runtime's calls on a channel to ``address`` (``host:port``) with AlpaSim's 64 MiB message limits."""
 
     def __init__(self, address: str, timeout_s: float = 600.0, token: str | None = None) -> None:
         self.channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -94,8 +83,7 @@ class RuntimeClient:
 
     def start(self, frame: bytes, seed: int = 0, cameras: int = 1, resolution: tuple[int, int] = (0, 0),
               **fields) -> pb.SessionId:
-        """``start_session`` with ``cameras`` copies of one camera and its initial ``frame`` (JPEG bytes); ``fields``
-        set or replace any of the request's fields."""
+        """``start_session`` with ``cameras`` copies of one camera and its initial ``frame`` (JPEG bytes)."""
         request = {
             "static_world_map": pb.StaticWorldMap(hdmap_parquets=b"PK\x05\x06" + bytes(18)),  # an empty zip
             "text_prompt": pb.TextPrompt(positive="a sunny day"),

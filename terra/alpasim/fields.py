@@ -1,12 +1,4 @@
-"""The fields of AlpaSim's requests, read and checked before the server uses any of them (terra/alpasim/service.py).
-
-A client is whoever reaches the port, so every field is taken as hostile: an id is a short run of printable id
-characters (:data:`ID_PATTERN`), an enum a value the proto names, a timestamp a count of microseconds a signed 64-bit
-integer holds with room to spare, a pose's numbers real numbers. A field that fails is a :class:`RequestError`
-(INVALID_ARGUMENT) naming the field; what a refusal or the log quotes of a client's value is a short prefix, escaped
-(:func:`quoted`), so that an id of a megabyte or one holding a newline can neither swamp gRPC's status (its metadata
-is limited to a few KiB) nor write a line of its own into the server's log.
-"""
+"""The fields of AlpaSim's requests, read and checked before the server uses any of them."""
 
 from __future__ import annotations
 
@@ -35,8 +27,7 @@ def quoted(value: Any) -> str:
 
 
 def client_id(value: Any, field: str) -> str:
-    """``value`` if it is an id (:data:`ID_PATTERN`: 1 to 128 letters, digits and ``. _ : / @ + = -``); otherwise
-    a :class:`RequestError` naming ``field`` and quoting a short prefix."""
+    """``value`` if it is an id (:data:`ID_PATTERN`: 1 to 128 letters, digits and ``. _ : / @ + = -``)."""
     if isinstance(value, str) and ID_PATTERN.fullmatch(value):
         return value
     size = f" ({len(value)} characters)" if isinstance(value, str) and len(value) > QUOTE_CHARS else ""
@@ -45,8 +36,7 @@ def client_id(value: Any, field: str) -> str:
 
 
 def enum_name(enum: Any, value: int, field: str) -> str:
-    """The name of ``value`` in the proto enum ``enum``; a value the proto does not name is a :class:`RequestError`
-    (proto3 keeps unknown enum numbers as they were sent)."""
+    """The name of ``value`` in the proto enum ``enum``."""
     try:
         return enum.Name(value)
     except ValueError:
@@ -55,8 +45,7 @@ def enum_name(enum: Any, value: int, field: str) -> str:
 
 
 def timestamps(poses: Any, field: str = "rig_trajectory") -> np.ndarray:
-    """The poses' ``timestamp_us`` as int64 ``[m]``; one beyond :data:`MAX_TIMESTAMP_US` is a :class:`RequestError`
-    naming the pose (it would overflow the arithmetic of the frames' gaps)."""
+    """The poses' ``timestamp_us`` as int64 ``[m]``."""
     values = [p.timestamp_us for p in poses]
     for i, value in enumerate(values):
         if not 0 <= value <= MAX_TIMESTAMP_US:
@@ -66,8 +55,7 @@ def timestamps(poses: Any, field: str = "rig_trajectory") -> np.ndarray:
 
 
 def pose_arrays(poses: Any) -> tuple[np.ndarray, np.ndarray]:
-    """The poses' translations ``[m, 3]`` and quaternions ``[m, 4]`` (w first) as float64 (NaN is checked later,
-    with the poses: terra/alpasim/poses.py)."""
+    """The poses' translations ``[m, 3]`` and quaternions ``[m, 4]`` (w first) as float64."""
     vec = np.array([[p.pose.vec.x, p.pose.vec.y, p.pose.vec.z] for p in poses], dtype=np.float64).reshape(-1, 3)
     quat = np.array([[p.pose.quat.w, p.pose.quat.x, p.pose.quat.y, p.pose.quat.z] for p in poses],
                     dtype=np.float64).reshape(-1, 4)

@@ -1,19 +1,4 @@
-"""AlpaSim's HD map in a session: read once at ``start_session``, and each chunk's frames' routes from it.
-
-``StaticWorldMap.hdmap_parquets`` is read by terra/roads/clipgt.py (``read_clipgt``: its unpacked size, rows and
-points bounded; a map it cannot take is one line naming the element and the field, which the service answers with
-INVALID_ARGUMENT) into a road in the clip's world frame. That frame is AlpaSim's per-scene local frame, the frame of
-the chunk's rig poses, so a frame's route is the road ahead of the rig's planar pose as terra/alpasim/poses.py reads
-it (``planar_poses``: x, y and yaw in the local frame; the rig origin is Terra's ego origin), with no transform
-between them. Each pose's route is ``routes_along`` (terra/roads/follow.py) over the chunk's poses: the chunk's later
-poses are the points known ahead, which choose the branch at a fork; beyond the chunk AlpaSim has decided nothing,
-so a chunk that ends before the branches part follows the straightest.
-
-Only a model with route slots reads the map; a model without them ignores it (one log line a session). No map
-(empty bytes), a map without lanes, or a car with no lane near it (terra/roads/follow.py's bounds), runs without a
-route: the contract's "no route" rows (terra/contract/routes.py), and one log line a session says so. The memory a
-map's reading freed is released to the system once it is read (:func:`release_map_memory`).
-"""
+"""AlpaSim's HD map in a session: read once at ``start_session``, and each chunk's frames' routes from it."""
 
 from __future__ import annotations
 
@@ -42,15 +27,11 @@ class SessionMap:
     told_off_road: bool = False
 
     def context_routes(self) -> np.ndarray | None:
-        """The routes the session's rollout opens with: its one context frame's, which no route slot holds (frame
-        ``t``'s slots hold ``routes[t + 1]``, terra/contract/routes.py), so "no route" rows; None where the session
-        has no road (the backend then says once that a rollout runs without a route)."""
+        """The routes the session's rollout opens with."""
         return None if self.road is None else no_route(1, self.route_tokens)
 
     def routes(self, poses: np.ndarray) -> np.ndarray | None:
-        """The routes ``[m, K, 3]`` of a chunk's frames at their planar rig ``poses`` ``[m, 3]`` (the local frame),
-        each told the chunk's later poses; None without a road. The first frame without a lane near the car is
-        logged, once a session."""
+        """Routes ``[m, K, 3]`` of a chunk's planar rig ``poses`` ``[m, 3]``; None without a road."""
         if self.road is None:
             return None
         routes, told = told_routes_along(self.road, poses, self.route_tokens)
@@ -67,8 +48,7 @@ class SessionMap:
 
 
 def release_map_memory() -> None:
-    """Return the memory a map's reading freed to the system: Arrow's pool keeps it for its next tables, and
-    glibc's heap the Python objects' (a long-running server would hold a map's peak for every later session)."""
+    """Return the memory a map's reading freed to the system."""
     import sys
 
     if "pyarrow" in sys.modules:
@@ -80,9 +60,7 @@ def release_map_memory() -> None:
 
 
 def session_map(data: bytes, route_tokens: int, session_id: str) -> SessionMap:
-    """The map of a session whose model has ``route_tokens`` route slots, from ``hdmap_parquets`` ``data``; a map
-    that cannot be read raises one :class:`~terra.core.errors.TerraInputError` line naming the element and the
-    field. Each outcome is one log line."""
+    """The map of a session whose model has ``route_tokens`` route slots, from ``hdmap_parquets`` ``data``."""
     if not route_tokens:
         log.info("session %s: the world model has no route slots, so the HD map (%d bytes) is not read",
                  session_id, len(data))

@@ -1,28 +1,7 @@
 """AlpaSim's rig poses → the actions of Terra's frames: one frame per pose, at Terra's 10 frames a second.
 
-AlpaSim sends, per chunk, the ego rig's poses at the frames it wants (``rig_trajectory``: the rig in the rollout's
-local ENU frame, its origin on the ground under the rear axle, x forward, y left, z up; quaternion w first;
-timestamps in microseconds). The car moves in the plane for Terra (docs/ARCHITECTURE.md, "Actions"): a pose is
-read as ``(x, y, yaw)``, yaw the heading of the rig's x axis about the local z axis; height, roll and pitch are
-dropped, and the rig origin is taken as Terra's ego origin.
-
-The rules, one per question (:class:`RigTrack`):
-
-* **Rate.** Terra's frames are 100 ms apart, and so must the poses be: within a chunk, and from the last frame of
-  the previous chunk to the first of the next (a gap of more than :data:`INTERVAL_TOLERANCE_US` off is refused,
-  naming AlpaSim's setting ``runtime.renderer.video_model_config.fps=10``). Other rates are refused, not resampled:
-  a 30 fps request would otherwise get each Terra frame three times.
-* **The initial frame's pose.** AlpaSim's initial frame lies one frame before the first pose it sends, at a pose it
-  does not send: it is taken one frame back along the first chunk's motion (the inverse of the step from its first
-  pose to its second: exact at constant speed and yaw rate), or at the first pose, standing still, when the first
-  chunk holds a single pose.
-* **The future.** A frame's action is its pose's next 3 s (terra/contract/actions.py). Of those, the chunk holds
-  what AlpaSim has decided; beyond the chunk's last pose the car goes on at the speed and yaw rate between its last
-  two poses (terra/inputs/trajectory.py, ``EgoTrajectory.poses_at``). So a chunk's actions are what
-  ``terra-generate`` reads from the trajectory of the previous frame's pose followed by the chunk's poses
-  (terra/inputs/actions.py), and a path of constant speed and curvature gives the actions of the whole path known
-  in advance.
-"""
+A pose is read as ``(x, y, yaw)`` in the rollout's local ENU frame (quaternion w first, timestamps in µs). Poses
+must be 100 ms apart; beyond a chunk's last pose the car goes on at its last speed and yaw rate."""
 
 from __future__ import annotations
 
@@ -77,8 +56,7 @@ def planar_poses(vec: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
 
 
 def step_back(first: np.ndarray, second: np.ndarray) -> np.ndarray:
-    """The pose one step before ``first`` when the car moves from ``first`` to ``second`` in each step (constant
-    speed and yaw rate): ``first`` composed with the inverse of that step."""
+    """The pose one step before ``first``, at the step from ``first`` to ``second``."""
     step = np.array([*to_ego(second[:2], first), second[2] - first[2]])
     inverse = np.array([*to_ego(np.zeros(2), step), -step[2]])
     return compose(first, inverse)
@@ -93,8 +71,7 @@ class RigTrack:
         self.frames = 0  # frames rendered after the initial one
 
     def plan(self, times_us: np.ndarray, poses: np.ndarray) -> Chunk:
-        """Check a chunk's timestamps ``[m]`` (µs) and planar ``poses`` ``[m, 3]`` against the track and give its
-        frames' actions (the module docstring's rules); the track is not changed (:meth:`commit`)."""
+        """Check a chunk's timestamps ``[m]`` (µs) and planar ``poses`` ``[m, 3]`` against the track."""
         times_us = np.asarray(times_us, dtype=np.int64)
         if not len(times_us):
             raise TerraInputError("rig_trajectory holds no poses; send one pose per frame to render")

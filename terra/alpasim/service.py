@@ -1,19 +1,4 @@
-"""AlpaSim's ``WorldModelService`` (terra/alpasim/video_model.proto) over gRPC, on a :class:`SessionTable`.
-
-The four calls as AlpaSim's runtime makes them: ``start_session`` (one camera: its initial frame, its size; the HD
-map, read for a model with route slots (terra/alpasim/maps.py); the debug options' HD-map condition frames; the text
-prompt, the camera model and its mounting are accepted and not used, and the log says so), ``render_video_chunk``
-(one image per pose, in order, and as many HD-map condition frames where asked), ``close_session`` (closing twice,
-or a session that expired, is answered as a close) and ``get_version`` (what the server renders). Every refusal is
-a gRPC status with one line (terra/alpasim/sessions.py names the codes: INVALID_ARGUMENT, NOT_FOUND,
-RESOURCE_EXHAUSTED, OUT_OF_RANGE, FAILED_PRECONDITION); a failure of the server itself is INTERNAL with one line,
-its traceback in the server's log. No request stops the server or another session.
-
-Every field is read through terra/alpasim/fields.py before it is used (ids, enums, timestamps), and what the log
-and a refusal quote of a client's value is short and escaped. With ``alpasim.token`` set (required beyond loopback:
-terra/alpasim/settings.py), every call must carry the metadata ``authorization: Bearer <token>``; any other is
-UNAUTHENTICATED before its request is read (:class:`TokenCheck`).
-"""
+"""AlpaSim's ``WorldModelService`` over gRPC, on a :class:`SessionTable`."""
 
 from __future__ import annotations
 
@@ -52,7 +37,7 @@ REFUSALS_LOGGED_EVERY_S = 60.0  # calls without the token: one log line counting
 
 
 def answered(method: Callable) -> Callable:
-    """A servicer method whose refusals become gRPC statuses with one line (the module docstring)."""
+    """A servicer method whose refusals become gRPC statuses with one line."""
 
     @functools.wraps(method)
     def wrapper(self, request, context: grpc.ServicerContext):
@@ -76,9 +61,7 @@ def answered(method: Callable) -> Callable:
 
 
 class TokenCheck(grpc.ServerInterceptor):
-    """Calls without the metadata ``authorization: Bearer <token>`` end UNAUTHENTICATED before any servicer runs. The
-    log counts them, one line at most every :data:`REFUSALS_LOGGED_EVERY_S` (the first at once), so that a client
-    knocking thousands of times cannot fill it."""
+    """Calls without the metadata ``authorization: Bearer <token>`` end UNAUTHENTICATED before any servicer runs."""
 
     def __init__(self, token: str) -> None:
         self.wanted = f"Bearer {token}".encode()
@@ -108,8 +91,7 @@ class TokenCheck(grpc.ServerInterceptor):
 
 
 class WorldModelServicer(pb_grpc.WorldModelServiceServicer):
-    """The four calls of ``omnidreams.video_model.WorldModelService`` on ``table``'s sessions; ``model`` names the
-    world model in :meth:`get_version`."""
+    """The four calls of ``omnidreams.video_model.WorldModelService`` on ``table``'s sessions."""
 
     def __init__(self, table: SessionTable, model: str) -> None:
         self.table = table
@@ -189,9 +171,7 @@ def package_version() -> str:
 
 
 def bind(settings: AlpasimSettings, workers: int | None = None) -> tuple[grpc.Server, int]:
-    """A gRPC server bound to ``alpasim.host:alpasim.port`` (not started: :func:`start`) and its port (the one the
-    system chose for port 0); a port in use is one line. ``workers``: threads answering calls (default: one per
-    session, so every session's chunk can wait on the engine at once, and four more)."""
+    """A gRPC server bound to ``alpasim.host:alpasim.port`` (not started) and its port."""
     check_free(settings)
     interceptors = [] if settings.token is None else [TokenCheck(settings.token)]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=workers or settings.max_sessions + 4,
@@ -207,8 +187,7 @@ def bind(settings: AlpasimSettings, workers: int | None = None) -> tuple[grpc.Se
 
 
 def check_free(settings: AlpasimSettings) -> None:
-    """Raise one line when ``alpasim.host:alpasim.port`` cannot be bound (in use, or not an address of this machine),
-    before gRPC tries and logs its own lines."""
+    """Raise one line when ``alpasim.host:alpasim.port`` cannot be bound."""
     if not settings.port:
         return
     try:

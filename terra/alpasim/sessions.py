@@ -1,21 +1,4 @@
-"""AlpaSim's video-model sessions on one world model: many rollouts at once on one session engine.
-
-Each AlpaSim rollout is a session: its camera's initial frame is the context (one frame, encoded by the tokenizer),
-and each chunk of rig poses becomes one Terra frame per pose (terra/alpasim/poses.py). Every session is a rollout of
-one :class:`~terra.generation.session_engine.SessionEngine`, so the frames of all sessions in flight are generated
-in the same batches (continuous batching on vLLM). A chunk's frames are queued at once (the engine runs one
-rollout's steps in order), decoded together and encoded as JPEG or PNG at the size the camera asked for.
-
-A session's HD map is read once, at its start, and tells each frame of a model with route slots the route ahead of
-its rig pose (terra/alpasim/maps.py); with ``return_hdmap_frames`` each frame's told route comes back drawn
-(terra/alpasim/topview.py), and with ``skip_video_generation`` too only those pictures, the model not run.
-
-A chunk belongs to its call: one rendered for a caller that gave up (its deadline passed) is not committed, and a
-retry of a session's last chunk (the same poses) gets its frames without rendering them again (:class:`Rendered`).
-
-Every refusal is a :class:`TerraInputError` (one line) whose ``status`` names the gRPC status code the server
-answers with (terra/alpasim/service.py); other sessions go on.
-"""
+"""AlpaSim's video-model sessions on one world model: many rollouts at once on one session engine."""
 
 from __future__ import annotations
 
@@ -67,8 +50,7 @@ class SessionUnusable(RequestError):
 
 @dataclass
 class AlpasimSession:
-    """One AlpaSim rollout (not terra/session/'s interactive ``Session``): its rollout on the engine, its camera,
-    and where its frames are."""
+    """One AlpaSim rollout: its rollout on the engine, its camera, and where its frames are."""
 
     id: str
     rollout: Rollout
@@ -87,9 +69,7 @@ class AlpasimSession:
 
 @dataclass
 class Rendered:
-    """A session's last rendered chunk, kept so that a retry of it (the same poses) gets its frames again instead of
-    rendering anew: one whose caller gave up (its deadline passed) while it rendered is not ``committed`` (the track
-    stays before it) until the retry comes; one answered is answered again (its answer may have been lost)."""
+    """A session's last rendered chunk, kept so that a retry of the same poses gets its frames again."""
 
     times_us: np.ndarray
     poses: np.ndarray
@@ -103,8 +83,7 @@ class Rendered:
 
 
 def frame_size(asked: tuple[int, int], native: tuple[int, int]) -> tuple[int, int]:
-    """The size ``(H, W)`` frames are sent at for a camera that asks for ``asked`` (``(0, 0)``: the model's own):
-    the model's frames resized to any size of their aspect ratio, up to :data:`MAX_UPSCALE` times larger."""
+    """The size ``(H, W)`` frames are sent at for a camera that asks for ``asked`` (``(0, 0)``: the model's own)."""
     if asked == (0, 0):
         return native
     height, width = asked
@@ -131,7 +110,7 @@ class SessionTable:
         self.settings = settings
         self.sampling = pipeline.backend.as_run(sampling)  # auto: as the run chose it
         self.overlap = overlap
-        self.resize = resize  # how the initial frame fits the tokenizer: crop | stretch (tokenizer/images.py)
+        self.resize = resize  # how the initial frame fits the tokenizer: crop | stretch
         self.engine = SessionEngine(pipeline.backend)
         self.sessions: dict[str, AlpasimSession] = {}
         self._lock = threading.Lock()  # guards sessions and _opening
@@ -143,10 +122,7 @@ class SessionTable:
 
     def start(self, initial_frame: bytes, camera: str, asked: tuple[int, int], seed: int, hdmap: bytes = b"",
               hdmap_frames: bool = False, skip_video: bool = False) -> AlpasimSession:
-        """A session from the camera's ``initial_frame`` (PNG / JPEG bytes), sending frames at the size ``asked``
-        (:func:`frame_size`); ``seed`` 0 lets the server choose one (logged), any other is reduced modulo 2**62.
-        ``hdmap``: the scene's HD map (``hdmap_parquets``, read for a model with route slots: terra/alpasim/maps.py);
-        ``hdmap_frames``: return each frame's told route drawn; ``skip_video``: only those, without the model."""
+        """A session from the camera's ``initial_frame`` (PNG / JPEG bytes), its frames sent at size ``asked``."""
         size = frame_size(asked, self.pipeline.image_size)
         self._reap_idle()
         with self._lock:
@@ -175,8 +151,7 @@ class SessionTable:
         return session
 
     def close(self, session_id: str) -> bool:
-        """Free a session (its chunk in flight finishes first); False when there is none of that id (closed twice,
-        expired or never opened)."""
+        """Free a session; False when there is none of that id."""
         client_id(session_id, "session_id")
         with self._lock:
             session = self.sessions.pop(session_id, None)
@@ -213,12 +188,7 @@ class SessionTable:
 
     def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray,
                answered: Callable[[], bool] = lambda: True, wait_s: float = 0.0) -> Rendered:
-        """The frames of one chunk: one encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``),
-        and as many HD-map condition frames where the session asked for them.
-        ``answered``: whether the caller still waits (gRPC's ``context.is_active``); ``wait_s``: how long to wait
-        for the session's chunk in flight (a retry arriving while the chunk it retries still renders). A chunk is
-        its call's: one rendered for a caller that gave up is not committed, and a retry of the last chunk (the same
-        poses) gets its frames (:class:`Rendered`)."""
+        """One encoded image per pose (timestamps ``[m]`` µs, planar poses ``[m, 3]``), and HD-map frames if asked."""
         session = self.get(session_id)
         if not session.busy.acquire(timeout=max(0.0, min(wait_s, self.settings.idle_timeout_s))):
             raise SessionUnusable(f"session {session_id} is rendering a chunk; send its chunks one after another")
@@ -261,8 +231,7 @@ class SessionTable:
             session.busy.release()
 
     def check_room(self, session: AlpasimSession, count: int) -> None:
-        """Refuse a chunk of ``count`` poses beyond what ``session`` may still render (``alpasim.max_frames``): the
-        service asks before it reads the poses, :meth:`render` again once the chunk is the session's."""
+        """Refuse a chunk of ``count`` poses beyond what ``session`` may still render (``alpasim.max_frames``)."""
         left = self.settings.max_frames - session.track.frames
         if count > left:
             raise OutOfFrames(f"session {session.id} has rendered {session.track.frames} frames and may render "
@@ -270,8 +239,7 @@ class SessionTable:
                               f"{count}: start a new session, or the server with more")
 
     def _generate(self, session: AlpasimSession, actions: np.ndarray, routes: np.ndarray | None) -> np.ndarray:
-        """The chunk's codes ``[m, h, w]``, its frames known up front: one request. ``routes[i]`` is the route at the
-        pose frame ``i`` is drawn from (None: no route)."""
+        """The chunk's codes ``[m, h, w]``, its frames known up front: one request."""
         results = self.engine.steps(session.rollout, actions, self.sampling,
                                     None if routes is None else list(routes)).result()
         grid = self.pipeline.tokenizer.grid_shape
@@ -288,7 +256,7 @@ class SessionTable:
         return images
 
     def _draw(self, session: AlpasimSession, poses: np.ndarray, routes: np.ndarray | None) -> list[bytes]:
-        """The HD-map condition frames of a chunk: each frame's told route (terra/alpasim/topview.py)."""
+        """The HD-map condition frames of a chunk: each frame's told route."""
         settings = self.settings
         return [encode_image(session.view.draw(pose, None if routes is None else routes[i]), settings.image_format,
                              settings.jpeg_quality) for i, pose in enumerate(poses)]

@@ -1,5 +1,4 @@
-"""``terra-alpasim`` settings (the ``alpasim`` block of conf/alpasim.yaml and the shared run settings), checked
-before any model loads."""
+"""``terra-alpasim`` settings, checked before any model loads."""
 
 from __future__ import annotations
 
@@ -17,7 +16,7 @@ from terra.config.network import HOST_NAME, check_token, is_loopback
 IMAGE_FORMATS = ("jpeg", "png")
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # AlpaSim's runtime sets its channel's limit to this, both ways
 MAX_SESSIONS = 1024  # a thread and a rollout each: more would only queue on one engine
-MAX_PIXELS = 8192 * 8192  # tokenizer/images.py's bound on any frame
+MAX_PIXELS = 8192 * 8192  # the tokenizer's bound on any frame
 MAX_IDLE_S = 7 * 24 * 3600.0  # a week
 
 
@@ -28,7 +27,7 @@ class AlpasimSettings:
     host: str = "127.0.0.1"
     port: int = 50051
     token: str | None = None
-    max_sessions: int = 64  # conf/alpasim.yaml's; docs/alpasim.md, "Sessions and memory"
+    max_sessions: int = 64  # the AlpaSim docs, "Sessions and memory"
     max_frames: int = 3000
     max_image_pixels: int = 3840 * 2160
     idle_timeout_s: float = 600.0
@@ -66,7 +65,7 @@ class AlpasimSettings:
 
 
 def alpasim_spec(cfg: DictConfig) -> tuple[RunSpec, AlpasimSettings]:
-    """The run's shared settings and the server's own, from conf/alpasim.yaml and the command line."""
+    """The run's shared settings and the server's own, from `alpasim` and the command line."""
     settings = AlpasimSettings.from_mapping(select(cfg, "alpasim"))
     spec = run_spec(cfg)
     if spec.num_context != 1:

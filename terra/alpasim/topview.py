@@ -1,11 +1,5 @@
-"""The HD-map condition frames (``debug_options.return_hdmap_frames``): what each frame's route slots were told, drawn.
-
-A top view at the camera's size: the rig at the bottom centre facing up (x forward up, y left to the left, one scale
-on both axes: :data:`VIEW_AHEAD_M` ahead of the rig and :data:`VIEW_BEHIND_M` behind it over the picture's height),
-the map's lane centrelines (grey) and road boundaries (light grey) in view, and the route the frame was told: a
-polyline from the rig through its points (yellow, a dot at each), the contract's ``(y, x)`` in the rig's frame
-(terra/contract/routes.py). A frame told no route shows "no route" in its top-left corner.
-"""
+"""The HD-map condition frames (``debug_options.return_hdmap_frames``): what each frame's route slots were told,
+drawn."""
 
 from __future__ import annotations
 
@@ -41,8 +35,8 @@ class TopView:
         self._kept = np.zeros(0, dtype=np.int64)
 
     def draw(self, pose: np.ndarray, route: np.ndarray | None) -> np.ndarray:
-        """The picture ``[H, W, 3]`` uint8 of world ``pose`` ``(x, y, yaw)`` told ``route`` ``[K, 3]`` (None or NaN
-        rows: no route)."""
+        """The picture ``[H, W, 3]`` uint8 of world ``pose`` ``(x, y, yaw)`` told ``route`` ``[K, 3]`` (None: no
+        route)."""
         image = Image.new("RGB", (self.width, self.height), BACKGROUND)
         draw = ImageDraw.Draw(image)
         for run, owner in self._runs_in_view(pose):

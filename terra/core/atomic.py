@@ -1,27 +1,4 @@
-"""Atomic writes: write to a temporary file (or folder) beside the target, then ``os.replace`` it.
-
-An interrupted run therefore never leaves a truncated file (or a half-written folder) under the final name;
-a crashed or interrupted write (SIGINT, SIGTERM: terra/apps/runner.py raises them in the main thread) leaves no
-temporary file behind either. A process killed outright (SIGKILL, a lost machine) cannot clean up, so a temporary
-file's name says whose it is, ``.<stem>.<host>-<pid>.<random>.tmp<suffix>``, and its writer holds an advisory lock
-(``flock``) on it while it writes, which the kernel drops when the writer ends in any way. The next write into a
-folder the toolkit owns removes the temporaries whose writer is gone (:func:`sweep_stale`): of that exact form, for a
-name the folder's marker lists, of this host, of a pid not running here, and whose lock it can take. The lock is what
-tells a live writer in another PID namespace (two containers of one host name sharing a volume), whose pid means
-nothing here; nothing else is ever removed (a user's ``.notes.<host>-999999.keep.tmp.txt`` stays).
-
-A write that fails for want of space (a full disk or quota, a file-size limit) is :func:`write_failed`'s one line
-naming the file, a :class:`~terra.core.errors.TerraInputError`: every app ends with it (exit 2), not with an
-internal error, and the target is as it was.
-
-Every JSON the toolkit writes goes through :func:`json_text`: valid JSON, a non-finite number written as
-``null`` (Python's ``NaN`` / ``Infinity`` are not JSON).
-
-The marker (:data:`MARKER`, a small JSON file in a folder) lists the names of what the toolkit wrote there and
-the app (console script) whose run folder it is: a run replaces an existing file or folder only when the marker
-lists it, and writes into no other app's folder (terra/config/output_dir.py checks both before any work).
-:func:`atomic_dir` marks every folder it puts in place with its whole content.
-"""
+"""Atomic writes: write to a temporary file (or folder) beside the target, then ``os.replace`` it."""
 
 from __future__ import annotations
 
@@ -47,18 +24,14 @@ NO_SPACE = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a full disk, a full quot
 
 
 def write_failed(path: str | os.PathLike, err: OSError) -> TerraInputError:
-    """The one line of a write to ``path`` that failed with ``err`` (no space, a file too large, not writable): the
-    user's to fix, so every app ends with it (exit 2), never with an internal error."""
+    """The one line of a write to ``path`` that failed with ``err`` (no space, a file too large, not writable)."""
     return TerraInputError(f"cannot write {path} ({err.strerror or err}); free disk space or choose another output "
                            "folder")
 
 
 @contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
-    """Yield a temporary path next to ``path`` (same suffix, so writers pick the right format).
-
-    On normal exit the temporary file replaces ``path``; on an exception it is deleted.
-    """
+    """Yield a temporary path next to ``path`` (same suffix, so writers pick the right format)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     sweep_stale(path.parent)
@@ -128,8 +101,7 @@ def _gone(pid: int) -> bool:
 
 
 def remove_abandoned(path: str | os.PathLike) -> bool:
-    """Delete :func:`atomic_path`'s temporary file ``path`` if no process holds its lock (its writer ended, in
-    whatever PID namespace it ran); False when it is kept (a live writer's, not a regular file, gone already)."""
+    """Delete the temporary file ``path`` if no process holds its lock."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -147,9 +119,7 @@ def remove_abandoned(path: str | os.PathLike) -> bool:
 
 
 def sweep_stale(folder: str | os.PathLike) -> None:
-    """Remove the temporary files of :func:`atomic_path` in ``folder`` that a killed writer of this host left (module
-    docstring): only in a folder with a marker, only for names it lists, and only those whose writer is gone (its pid
-    not running here, its lock free); once per folder and process."""
+    """Remove temporary files in a marked ``folder`` that a killed writer of this host left."""
     key = (os.path.abspath(folder), os.getpid())
     if key in _swept:
         return
@@ -168,8 +138,7 @@ def sweep_stale(folder: str | os.PathLike) -> None:
 
 
 def written(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, list]:
-    """Each file's ``[size, SHA-256]`` as written into ``folder`` (a folder's: its files', by name inside it): what
-    its record keeps, so that a rerun keeps only what :func:`whole_files` finds as written."""
+    """Each file's ``[size, SHA-256]`` as written into ``folder`` (a folder's: its files', by name inside it)."""
     root, sizes = Path(folder), {}
     for name in names:
         path = root / name
@@ -181,8 +150,7 @@ def written(folder: str | os.PathLike, names: Iterable[str]) -> dict[str, list]:
 
 
 def whole_files(folder: str | os.PathLike, names: Any, kept: Any) -> bool:
-    """Whether ``folder`` holds every one of ``names`` (a list of names) as ``kept`` recorded it when written
-    (:func:`written`): a file cut short, swapped or missing, or a record that kept nothing, says no."""
+    """Whether ``folder`` holds every one of ``names`` as ``kept`` recorded it when written."""
     if not isinstance(names, list) or not isinstance(kept, dict) or not all(isinstance(n, str) for n in names):
         return False
     try:
@@ -204,8 +172,7 @@ def _finite(value):
 
 
 def json_text(value, indent: int | None = None, **options) -> str:
-    """``value`` as strict JSON text (no NaN or Infinity: such numbers become ``null``); ``options`` go to
-    :func:`json.dumps` (``sort_keys``, ``separators``, ``ensure_ascii``)."""
+    """``value`` as strict JSON text (no NaN or Infinity: such numbers become ``null``)."""
     return json.dumps(_finite(value), indent=indent, allow_nan=False, **options)
 
 
@@ -217,13 +184,7 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 @contextmanager
 def atomic_dir(path: str | os.PathLike, app: str | None = None) -> Iterator[Path]:
-    """Yield a fresh, empty temporary folder next to ``path``; on normal exit it takes ``path``'s place.
-
-    A folder already at ``path`` is moved aside first and deleted once the new one is in place; on an exception
-    the temporary folder is deleted and ``path`` is left as it was. The new folder's :data:`MARKER` lists its
-    whole content (the caller checked, before any work, that the folder it replaces held only what a marker
-    listed: terra/config/output_dir.py) and its owner: ``app``, else the owner of the folder it replaces.
-    """
+    """Yield a fresh, empty temporary folder next to ``path``; on normal exit it takes ``path``'s place."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     old = path.with_name(f".{path.name}.old")
@@ -254,22 +215,19 @@ def _marker(folder: str | os.PathLike) -> dict:
 
 
 def marked(folder: str | os.PathLike) -> frozenset[str]:
-    """The names ``folder``'s :data:`MARKER` lists (none without a marker, or with one that is not the toolkit's
-    JSON)."""
+    """The names ``folder``'s :data:`MARKER` lists (none without a valid marker)."""
     names = _marker(folder).get("names")
     return frozenset(n for n in names if isinstance(n, str)) if isinstance(names, list) else frozenset()
 
 
 def owner(folder: str | os.PathLike) -> str | None:
-    """The app (console script) whose run folder ``folder`` is, as its :data:`MARKER` says; None when the marker
-    names none (a folder of single files, or a marker written before owners were recorded) or is absent."""
+    """The app (console script) whose run folder ``folder`` is, as its :data:`MARKER` says."""
     app = _marker(folder).get("app")
     return app if isinstance(app, str) and app else None
 
 
 def mark(folder: str | os.PathLike, names: Iterable[str], app: str | None = None) -> None:
-    """Add ``names`` (of files or folders the toolkit writes in ``folder``) to its :data:`MARKER`, and record
-    ``app`` as the folder's owner (None: the owner stays as it is), atomically, one writer at a time."""
+    """Add ``names`` to ``folder``'s :data:`MARKER` and record ``app`` as owner (None: unchanged), atomically."""
     folder = Path(folder)
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:

@@ -1,6 +1,4 @@
-"""Where a run computes: the device name checked (without torch), ``auto`` resolved once torch is loaded, the
-dtype ``auto`` stands for, torch's CPU threads and the CPU cores this process may use. The one home of these rules
-for every wing."""
+"""Where a run computes: device name, ``auto`` device and dtype, torch's CPU threads and the usable CPU cores."""
 
 from __future__ import annotations
 
@@ -17,8 +15,7 @@ CGROUP = Path("/sys/fs/cgroup")
 
 
 def check_device(value: Any) -> str:
-    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``, as a name (whether that GPU exists is checked by
-    :func:`resolve_device`, once torch is loaded)."""
+    """``auto``, ``cpu``, ``cuda`` or ``cuda:N``, checked as a name only."""
     if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
         text = repr(value)
         text = text if len(text) <= 40 else f"{text[:37]}..."
@@ -27,8 +24,7 @@ def check_device(value: Any) -> str:
 
 
 def resolve_device(device: str = "auto") -> str:
-    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; a GPU asked for must exist (one line otherwise).
-    ``device`` is a checked name (:func:`check_device`); a run resolves it once."""
+    """``auto`` → ``cuda`` when a GPU is visible, else ``cpu``; a GPU asked for must exist (one line otherwise)."""
     import torch
 
     if device == "auto":
@@ -42,8 +38,7 @@ def resolve_device(device: str = "auto") -> str:
 
 
 def auto_dtype(device: str, dtype: str = "auto") -> str:
-    """The dtype name ``auto`` stands for on a resolved ``device``: bfloat16 on a GPU, float32 on a CPU; any other
-    name as it is."""
+    """The dtype name ``auto`` stands for on a resolved ``device``: bfloat16 on a GPU, float32 on a CPU."""
     if dtype != "auto":
         return dtype
     return "bfloat16" if device.startswith("cuda") else "float32"
@@ -58,16 +53,14 @@ def set_threads(num_threads: int | None) -> None:
 
 
 def usable_cores() -> int:
-    """The CPU cores this process may use: its CPU affinity (taskset, Slurm), no more than its cgroup's CPU quota
-    (containers, Kubernetes) rounded up, at least one; never the host's count alone."""
+    """The CPU cores this process may use: its affinity, capped by its cgroup's CPU quota, at least one."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     quota = cgroup_cpu_quota()
     return max(1, min(cores, math.ceil(quota)) if quota is not None else cores)
 
 
 def cgroup_cpu_quota(root: Path = CGROUP) -> float | None:
-    """The CPUs' worth of time a second that the cgroup under ``root`` allows (cgroup v2's ``cpu.max``, v1's
-    ``cpu.cfs_quota_us`` over ``cpu.cfs_period_us``); None without a quota."""
+    """The CPUs' worth of time a second that the cgroup under ``root`` allows (v1 or v2)."""
     try:
         if (root / "cpu.max").exists():
             quota, period = (root / "cpu.max").read_text().split()[:2]

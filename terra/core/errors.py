@@ -1,9 +1,4 @@
-"""The toolkit's one error type for user mistakes, and exceptions turned into one line.
-
-Every entry point (CLI, apps, Python API) raises :class:`TerraInputError` for bad input: its message is one line
-that names the offending input and says how to fix it. The apps print that line and exit with code 2
-(terra/apps/runner.py); anything else is a bug and keeps its traceback.
-"""
+"""The toolkit's one error type for user mistakes, and exceptions turned into one line."""
 
 from __future__ import annotations
 
@@ -16,10 +11,7 @@ class TerraInputError(ValueError):
 
 
 def error_reason(err: BaseException, limit: int = 200) -> str:
-    """What a third-party reader's exception says went wrong, as a short phrase for a one-line message: its
-    first sentence, cut to ``limit`` characters only when that sentence alone is longer. For a pickle that
-    ``torch.load(weights_only=True)`` refused, the unpickler's own reason (what the file tried to load), not the
-    advice around it."""
+    """What a third-party reader's exception says went wrong, as a short phrase for a one-line message."""
     text = str(err).strip()
     refused = text.startswith("Weights only load failed")
     marker = "WeightsUnpickler error:"
@@ -37,9 +29,7 @@ def error_reason(err: BaseException, limit: int = 200) -> str:
 
 
 def past(value: float, bound: float) -> str:
-    """``value`` as a line refusing it for lying past ``bound`` writes it: the fewest significant digits (3 at
-    least, every whole digit below a million) that still read past the bound (a route point 1000.5 m away against
-    1000 m: ``1000.5``, never ``1000``; 1e308: ``1e+308``, never 309 digits)."""
+    """``value`` with the fewest significant digits (3 at least) that still read past ``bound``."""
     value, bound = float(value), float(bound)
     whole = len(f"{abs(value):.0f}") if abs(value) < 1e6 else 0  # every digit before the point below a million
     for digits in range(max(3, whole), 18):
@@ -53,8 +43,7 @@ MAX_QUOTE_CHARS = 200  # user text quoted in a message
 
 
 def quoted(text: object) -> str:
-    """User text (a name, an id, a cell) as a message quotes it: its ``repr``, cut to :data:`MAX_QUOTE_CHARS`
-    characters, its length said where cut (a 20 MiB map id is no 20-million-character line)."""
+    """User text (a name, an id, a cell) as a message quotes it."""
     text = str(text)
     shown = repr(text[:MAX_QUOTE_CHARS])
     if len(text) <= MAX_QUOTE_CHARS and len(shown) <= MAX_QUOTE_CHARS:
@@ -63,8 +52,7 @@ def quoted(text: object) -> str:
 
 
 def clipped(text: object) -> str:
-    """User text named unquoted (a file's name in an archive): cut to :data:`MAX_QUOTE_CHARS` characters like
-    :func:`quoted`."""
+    """User text named unquoted (a file's name in an archive)."""
     text = str(text)
     return text if len(text) <= MAX_QUOTE_CHARS else f"{text[: MAX_QUOTE_CHARS - 3]}... ({len(text)} characters)"
 
@@ -79,10 +67,7 @@ def _gpu_out_of_memory(err: BaseException) -> bool:
 
 
 def error_line(err: BaseException, limit: int = MAX_ERROR_CHARS, memory_advice: str = "give smaller inputs") -> str:
-    """An exception as one line of at most ``limit`` characters, for a record of what failed: user errors keep
-    their message, others get their type name first; RecursionError, MemoryError and torch's GPU out-of-memory
-    (whose own text names a Python internal, nothing, or the bytes but not the cause) a plain sentence ending in
-    ``memory_advice``, the setting that frees memory in the caller's run."""
+    """An exception as one line of at most ``limit`` characters, for a record of what failed."""
     text = " ".join(str(err).split())
     if _gpu_out_of_memory(err):  # the fix first: a long detail is what gets cut
         text = f"the GPU ran out of memory: {memory_advice} (torch.OutOfMemoryError: {text or 'no detail'})"

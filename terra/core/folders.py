@@ -9,8 +9,7 @@ from typing import Iterable
 
 
 def missing_folders(path: str | os.PathLike) -> list[Path]:
-    """``path`` (made absolute) and its parents that do not exist yet, deepest first: what a run may create and
-    must remove. A dangling link counts as existing, so nothing is ever removed through one."""
+    """``path`` (made absolute) and its parents that do not exist yet, deepest first."""
     folder = Path(os.path.abspath(Path(path).expanduser()))
     missing = []
     while not os.path.lexists(folder) and folder != folder.parent:
@@ -20,8 +19,7 @@ def missing_folders(path: str | os.PathLike) -> list[Path]:
 
 
 def remove_empty_folders(folders: Iterable[Path]) -> None:
-    """Remove ``folders`` (deepest first, as :func:`missing_folders` lists them) that are empty; stop at the first
-    that is not."""
+    """Remove ``folders`` (deepest first, as :func:`missing_folders` lists them) that are empty."""
     for folder in folders:
         try:
             folder.rmdir()

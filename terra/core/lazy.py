@@ -1,16 +1,4 @@
-"""Package faces that load on first use, and modules that moved.
-
-* :func:`lazy_face`: a package face whose names load on first use (PEP 562 ``__getattr__``), so that importing the
-  package loads none of its heavy modules: ``__all__, __getattr__ = lazy_face(__name__, _HOMES)``.
-* :func:`moved_modules`: a package's modules (or sub-packages) that moved within it or to another package, still
-  imported under their old names until 0.2.0 (:data:`REMOVED_IN`; the same module object, and one
-  ``FutureWarning`` naming the new path): ``moved_modules(__name__, {"run": "recording.run"})``, or
-  ``moved_modules(__name__, {"routes": "routes"}, home="terra.contract")``. The one mechanism for moved modules, as
-  terra/config/moved.py is for moved settings.
-* :func:`renamed`: a module's public names that were renamed, or moved to another module, still found under their
-  old names until 0.2.0 (the same object, one ``FutureWarning``):
-  ``__getattr__ = renamed(__name__, {"run_fidelity": "run_study"})``.
-"""
+"""Package faces that load on first use, and modules that moved."""
 
 from __future__ import annotations
 
@@ -23,12 +11,11 @@ from collections.abc import Callable, Mapping
 from types import ModuleType
 from typing import Any
 
-REMOVED_IN = "0.2.0"  # the release that drops the old names kept here and in terra/config/moved.py
+REMOVED_IN = "0.2.0"  # the release that drops the old names kept here and in terra.config.moved
 
 
 def lazy_face(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callable[[str], Any]]:
-    """The ``__all__`` of ``package`` (the names of ``homes``, sorted) and its module ``__getattr__``, which imports
-    name ``N`` from module ``homes[N]`` when first asked."""
+    """The ``__all__`` of ``package`` and a module ``__getattr__`` that imports name ``N`` from ``homes[N]``."""
 
     def __getattr__(name: str) -> Any:
         if name not in homes:
@@ -39,9 +26,7 @@ def lazy_face(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callab
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Finds a moved module's old name and loads it as the module at its new name. It is asked before every other
-    finder (it answers its table's names alone), so that a module under a moved package's old name
-    (``terra.closedloop.drivers.vision``) is the moved one, not a second copy found on the new package's path."""
+    """Finds a moved module's old name and loads it as the module at its new name."""
 
     def __init__(self, moved: dict[str, str]) -> None:
         self.moved = moved  # old full name -> new full name
@@ -62,9 +47,7 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def moved_modules(package: str, moved: Mapping[str, str], home: str | None = None) -> dict[str, str]:
-    """Make ``package.OLD`` import as ``home.NEW`` for each ``OLD: NEW`` of ``moved`` (``home``: ``package`` by
-    default, for a move within the package; another package for a move down a floor); the table as full names
-    (old -> new), which tests read."""
+    """Make ``package.OLD`` import as ``home.NEW`` for each ``OLD: NEW`` of ``moved``."""
     home = home or package
     table = {f"{package}.{old}": f"{home}.{new}" for old, new in moved.items()}
     finder = next((f for f in sys.meta_path if isinstance(f, _MovedModules)), None)
@@ -76,8 +59,7 @@ def moved_modules(package: str, moved: Mapping[str, str], home: str | None = Non
 
 
 def renamed(module: str, names: Mapping[str, str], home: str | None = None) -> Callable[[str], Any]:
-    """The module ``__getattr__`` of ``module`` that answers each old name of ``names`` (old -> new) with the object
-    of its new name in module ``home`` (``module`` itself by default), with one ``FutureWarning``."""
+    """A module ``__getattr__`` answering each old name of ``names`` with its new object, with a ``FutureWarning``."""
     home = home or module
 
     def __getattr__(name: str) -> Any:

@@ -1,17 +1,4 @@
-"""One run per output folder (per shard of a batch run): an exclusive ``flock`` on a lock file inside the folder.
-
-Batch rollouts, log preparation, training and closed-loop drives take it (terra/config/output_dir.py,
-``OutputDir.hold``). The lock file (``.<stem>.lock`` of the run's main file, e.g. the batch manifest, so the shards of
-one batch run can share a folder) holds the holder's pid, host and start time, which a second run names in its one-line
-refusal (:class:`TerraInputError`, exit 2) before it touches anything. The kernel drops the lock when its holder exits
-in any way, SIGKILL included; a lock file left by a killed run is simply taken over. On release the holder deletes the
-file, and the folders it created when they are still empty (a run refused for bad input leaves nothing behind).
-
-Deleting a lock file races with a second run that opened it just before: that run then holds a lock on a file
-no longer in the folder. :func:`_acquire` checks, once locked, that the path still names the file it locked,
-and starts over otherwise. A run takes its lock once; a second acquisition, even in the same process, is refused
-like another run. This module imports nothing heavy.
-"""
+"""One run per output folder (per shard of a batch run): an exclusive ``flock`` on a lock file inside the folder."""
 
 from __future__ import annotations
 
@@ -87,8 +74,7 @@ def _write_holder(fd: int) -> None:
 
 @contextmanager
 def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -> Iterator[Path]:
-    """Hold the lock of the run that writes ``manifest_path`` (its folder created if needed) for the block;
-    a second holder fails at once with one line naming the first. Yields the lock file's path."""
+    """Hold the lock of the run that writes ``manifest_path`` (its folder created if needed) for the block."""
     path = Path(os.path.abspath(lock_path(manifest_path)))
     created = missing_folders(path.parent)
     try:
@@ -100,6 +86,6 @@ def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -
     try:
         yield path
     finally:
-        path.unlink(missing_ok=True)  # while still locked: see the module docstring
+        path.unlink(missing_ok=True)  # while still locked, so no second run locks a deleted file
         os.close(fd)
         remove_empty_folders(created)

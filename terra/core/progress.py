@@ -1,13 +1,4 @@
-"""Progress as every run shows it, one rule for the apps and the Python API.
-
-* A bar (tqdm) only where someone watches it: stderr is a terminal, or a Jupyter kernel draws tqdm's widgets
-  (:func:`shows_bars`). A pipe, a log file, CI or ``nohup`` gets no bar, whose redraws would fill it.
-* Off a terminal a long run says how far it is instead: :class:`Progress` prints a line on stdout at most once a
-  ``every_s`` (a minute) and a last one when it ends, if it ran that long: done of total, the time so far and the
-  time left at the rate so far. Short runs stay quiet; a notebook keeps its widgets alone.
-
-tqdm is imported when a bar or a line is made, so importing this module costs nothing.
-"""
+"""Progress as every run shows it, one rule for the apps and the Python API."""
 
 from __future__ import annotations
 
@@ -35,14 +26,12 @@ def shows_bars(progress: bool = True) -> bool:
 
 
 def prints_lines(progress: bool = True) -> bool:
-    """Whether a run that asks for ``progress`` prints progress lines: when stdout is not a terminal (a log, CI,
-    ``nohup``) or no bar shows; never in a notebook, which shows bars."""
+    """Whether a run that asks for ``progress`` prints progress lines."""
     return bool(progress) and not in_notebook() and not (sys.stdout.isatty() and sys.stderr.isatty())
 
 
 def announce(text: str, progress: bool = True) -> None:
-    """A line of a run that asks for ``progress`` about what it is doing (its plan, a stage): on stdout where
-    progress lines print (a log), on stderr above the bars where they show (a terminal)."""
+    """A line of a run that asks for ``progress`` about what it is doing (its plan, a stage)."""
     if prints_lines(progress):
         print(text, flush=True)
     if shows_bars(progress):
@@ -60,10 +49,7 @@ def duration(seconds: float) -> str:
 
 
 class Progress:
-    """A count of ``unit`` towards ``total``, named ``desc``: a tqdm bar where :func:`shows_bars`, progress lines
-    where :func:`prints_lines` (both with ``enabled``; lines only with ``lines``, for the one count of a run that
-    tells its progress); ``bar_options`` go to tqdm. Use it as tqdm: ``update``, ``set_postfix``, ``close`` (or
-    ``with``), :meth:`counted` for an iterable; ``every_s`` None is :data:`EVERY_S`."""
+    """A count of ``unit`` towards ``total``, named ``desc``."""
 
     def __init__(self, total: float | None = None, desc: str = "", unit: str = "it", enabled: bool = True,
                  lines: bool = True, every_s: float | None = None, **bar_options: Any) -> None:
@@ -99,8 +85,7 @@ class Progress:
         self.bar.set_postfix(values, refresh=refresh)
 
     def line(self) -> str:
-        """Where the count stands: done of total, the time so far and, at the rate so far, the time left (from 5 %
-        done on)."""
+        """Done of total, the time so far and the time left at the rate so far."""
         elapsed = time.monotonic() - self.started
         done = f"{self.n:g}" if self.total is None else f"{self.n:g}/{self.total:g}"
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
@@ -117,8 +102,7 @@ class Progress:
         self.last, self.said = time.monotonic(), self.n
 
     def close(self) -> None:
-        """End the bar; a last line if lines were printed or the run lasted ``every_s`` (unless the last line
-        printed says it already)."""
+        """End the bar, with a last line where lines were printed."""
         self.bar.close()
         long = self.said is not None or time.monotonic() - self.started >= self.every_s
         if self.lines and long and self.said != self.n:

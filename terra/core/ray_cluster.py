@@ -1,13 +1,5 @@
-"""The Ray cluster of a run with ``executor=ray`` (batch rollouts: terra/batch/ray_executor.py; drives:
-terra/closedloop/recording/ray_executor.py): joined (or a local one started for the run), its actors sized, and Ray's
-errors as one line.
-
-:class:`RayCluster` joins the cluster at ``ray.address`` and works out how many actors it holds and their
-``ray.remote`` options: one per GPU, or per group of ``tensor_parallel_size`` GPUs (on a cluster without GPUs, or
-with ``device=cpu``, ``ray.num_actors`` CPU actors). :func:`cause` and :func:`start_failure` read Ray's errors.
-Ray is imported only when a cluster is joined; of the project only terra/core/ is imported, so the settings come
-as any object with the fields of terra/config/ray_settings.py's ``RaySettings`` (:class:`ClusterSettings`).
-"""
+"""The Ray cluster of a run with ``executor=ray``: joined or started locally, its actors sized, Ray's errors as one
+line."""
 
 from __future__ import annotations
 
@@ -26,8 +18,7 @@ _HELP = "docs/rollout.md, \"Running across nodes\""
 
 
 class ClusterSettings(Protocol):
-    """What :class:`RayCluster` reads of a run's checked ``ray`` block (terra/config/ray_settings.py,
-    ``RaySettings``)."""
+    """What :class:`RayCluster` reads of a run's checked ``ray`` block."""
 
     address: str | None
     num_actors: int | None
@@ -38,8 +29,7 @@ class ClusterSettings(Protocol):
 
 
 class RayCluster:
-    """A run's Ray cluster: :meth:`connect` before any output is written, :meth:`close` at the end; ``count`` and
-    ``options`` are its actors' number and ``ray.remote`` options."""
+    """A run's Ray cluster: :meth:`connect` before any output is written, :meth:`close` at the end."""
 
     def __init__(self, settings: ClusterSettings, device: str, tensor_parallel_size: int = 1) -> None:
         self.settings = settings
@@ -50,9 +40,7 @@ class RayCluster:
         self.count, self.options = 0, {}  # the actors: how many, their ray.remote options (set by connect)
 
     def connect(self) -> None:
-        """Import Ray, join the cluster (or start a local one) and check that it has room for the actors; a missing
-        Ray, an address where no cluster answers or too few GPUs/CPUs raise :class:`TerraInputError`. A process
-        that already joined a cluster (a notebook, a test) keeps it."""
+        """Import Ray, join the cluster (or start a local one) and check that it has room for the actors."""
         self._join()
         try:
             self.count, self.options = self.actor_options()
@@ -115,8 +103,7 @@ class RayCluster:
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Raise :class:`TerraInputError` unless something accepts TCP connections at ``address`` (Ray itself
-    would retry for minutes)."""
+    """Raise :class:`TerraInputError` unless something accepts TCP connections at ``address``."""
     host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise TerraInputError(f"ray.address={address} is not auto or host:port (e.g. 10.0.0.1:6379)")

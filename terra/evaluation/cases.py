@@ -1,6 +1,5 @@
 """The held-out data ``terra-evaluate`` measures on: scene seeds the training clips never used, frame-quality clips
-and manoeuvre-adherence cases (terra/evaluation/__init__.py says how they are drawn), from the checked settings
-(terra/evaluation/settings.py)."""
+and manoeuvre-adherence cases, from the checked settings."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ from terra.sim.clips import (
 
 
 def clip_routes(clip: Clip, route_tokens: int) -> np.ndarray | None:
-    """The road ahead of each of ``clip``'s frames as a world model of ``route_tokens`` route slots is told it (its
-    scene is known: terra/sim/clips.py); None for a model without route slots."""
+    """The routes of ``clip``'s frames for ``route_tokens`` route slots; None for a model without them."""
     return resample_routes(clip.routes, route_tokens) if route_tokens and clip.routes is not None else None
 
 
@@ -47,8 +45,7 @@ class AdherenceCase:
 
 
 def drive_scene_seed(seed: int, index: int) -> int:
-    """The scene seed of drive ``index`` drawn by ``terra.sim.clips.random_drive(default_rng([seed, index]))``: its
-    first draw (how ``terra-make-dataset`` draws clip ``index`` of a dataset made with ``seed``)."""
+    """The scene seed of drive ``index`` drawn by ``terra.sim.clips.random_drive(default_rng([seed, index]))``."""
     return int(np.random.default_rng([seed, index]).integers(2**31))
 
 

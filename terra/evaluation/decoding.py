@@ -1,24 +1,5 @@
-"""Forward passes per generated frame, sequential against speculative decoding, of a trained world model on
-held-out clips of the synthetic world (scripts/experiments/measure_decoding.py runs it; the measure stage of
-scripts/recipes/train_terra_layout.sh).
-
-Every mode runs the same ``rollouts`` rollouts on the Transformers backend, all submitted at once: ``context``
-ground-truth frames encoded, ``frames`` frames generated under the clip's own actions. The modes: at every
-temperature, sequential decoding and each set of sampling settings of ``speculative`` (e.g. ``decoding=speculative,
-draft_tokens=16``, added to ``sampling``). Clip ``i`` is ``terra.sim.clips.random_drive(numpy.random.default_rng(
-[clip_seed, i]))``, the training distribution; clips whose scene is one of the training clips' (``exclude_seed``,
-``exclude_clips``: the ``terra-make-dataset`` seed and clip count of the training data) are skipped
-(terra/evaluation/cases.py).
-
-Passes are counted where every forward pass goes through: a pre-hook on the first decoder layer adds the rows of
-each call, one row being one rollout's pass. Passes per frame = rows / frames generated; sequential decoding takes
-exactly one per image token (576 at Terra's layout: a frame's first pass also carries the previous frame's action
-slots). The backend's own count (``pass_stats``) is recorded beside. Each mode also reports seconds per frame
-(the whole batch's wall time / frames) and the PSNR of its decoded frames against the exact renders, as
-terra-evaluate computes it; the speculative codes are compared token by token with the sequential ones at the same
-temperature (for the same seeds they must be equal, greedy or sampled). How good the first guesses beyond a pass
-are (terra/generation/speculative.py: the previous frame's code at the same position) is :func:`previous_frame_hits`.
-"""
+"""Forward passes per generated frame, sequential against speculative decoding, of a trained world model on held-out
+clips of the synthetic world."""
 
 from __future__ import annotations
 
@@ -50,8 +31,7 @@ COUNTS = {"rollouts": Range(1, 4096, 32, whole=True), "context": Range(1, 1000, 
 
 @dataclass(frozen=True)
 class DecodingSettings:
-    """What :func:`measure_decoding` measures, checked when made: each mode's sampling settings are known to be good
-    before the model loads."""
+    """What :func:`measure_decoding` measures, checked when made."""
 
     world_model: str  # world-model folder (config.json + safetensors)
     tokenizer: str  # the tokenizer folder its data was encoded with
@@ -90,8 +70,7 @@ def mode_sampling(name: str, settings: dict[str, Any]) -> SamplingConfig:
 
 
 def parse_settings(text: str) -> dict[str, Any]:
-    """``"decoding=speculative,draft_tokens=16"`` → ``{"decoding": "speculative", "draft_tokens": 16}`` (YAML
-    values)."""
+    """``"decoding=speculative,draft_tokens=16"`` → ``{"decoding": "speculative", "draft_tokens": 16}``."""
     import yaml
 
     settings = {}
@@ -161,9 +140,8 @@ def run_mode(pipeline: WorldModelPipeline, clips: list[Clip], codes: np.ndarray,
 
 
 def previous_frame_hits(codes: np.ndarray, first: int) -> dict[str, float]:
-    """Of every code of frames ``first ..`` of ``codes [rollouts, frames, h, w]``, the share equal to the previous
-    frame's code at the same position (the speculative guess beyond a pass), and the share equal to any code of the
-    previous frame's 3 x 3 neighbourhood there: what the best motion-compensated guess could reach."""
+    """Shares of codes ``[rollouts, frames, h, w]`` equal to the previous frame's at the same position, and in its 3
+    x 3 neighbourhood."""
     earlier, later = codes[:, first - 1:-1], codes[:, first:]
     h, w = codes.shape[2:]
     padded = np.pad(earlier, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-1)
@@ -173,8 +151,7 @@ def previous_frame_hits(codes: np.ndarray, first: int) -> dict[str, float]:
 
 
 def measure_decoding(settings: DecodingSettings) -> dict[str, Any]:
-    """Load the pair once, run every mode on the same rollouts, write the report to ``settings.out`` and return
-    it; a line per mode on stdout."""
+    """Load the pair once, run every mode on the same rollouts, write the report to ``settings.out`` and return it."""
     from terra.pipeline import WorldModelPipeline
 
     pipeline = WorldModelPipeline.from_pretrained(settings.world_model, settings.tokenizer, backend="hf",
@@ -215,8 +192,7 @@ def measure_decoding(settings: DecodingSettings) -> dict[str, Any]:
 
 
 def compare(modes: list[dict[str, Any]], generated: dict[tuple[str, float], np.ndarray]) -> list[dict[str, Any]]:
-    """Each speculative mode against sequential decoding at its temperature: how many times fewer passes, and whether
-    its codes equal the sequential ones (they must, greedy or sampled, up to floating-point near-ties)."""
+    """Each speculative mode against sequential decoding at its temperature."""
     passes = {(m["mode"], m["temperature"]): m["passes_per_frame"] for m in modes}
     rows = []
     for (name, temperature), spec_passes in passes.items():

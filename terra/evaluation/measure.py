@@ -1,22 +1,4 @@
-"""The two measurements of ``terra-evaluate``: a world model + tokenizer on clips of the synthetic world.
-
-Frame quality
-    For each clip, the first ``n_ctx`` ground-truth frames are encoded, the remaining frames are generated under
-    the clip's own actions, decoded, and compared with the ground-truth renders: PSNR and SSIM per horizon step.
-    Two references come with it: the tokenizer's reconstruction of the same ground-truth frames (encode →
-    decode, the ceiling the world model can reach) and repeating the last context frame (a model that ignores
-    motion).
-
-Manoeuvre adherence
-    For each :class:`AdherenceCase` (one straight context followed by each manoeuvre of an opposite pair), both
-    rollouts start from the same context codes; each generated frame at the chosen horizons is compared (MSE)
-    with the scene rendered at the ground-truth poses of either manoeuvre, and the rollout is attributed to the
-    closer one. A case is correct when both rollouts match their own command. A stricter three-way score also
-    offers "kept driving straight" as a candidate.
-
-All rollouts of a measurement go to the backend in one ``pipeline.generate`` call (it batches them); rollout
-``k`` of a call samples with seed ``seed + k``.
-"""
+"""The two measurements of ``terra-evaluate``: a world model + tokenizer on clips of the synthetic world."""
 
 from __future__ import annotations
 
@@ -50,8 +32,7 @@ def _stats(rows: np.ndarray) -> dict:
 
 def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int, sampling: SamplingConfig,
                      seed: int, progress: bool, say: Callable[[str], None] | None = None) -> dict:
-    """PSNR/SSIM per horizon step of generated vs ground-truth frames, with the tokenizer and copy-last references;
-    ``say`` tells the step after the rollouts (decoding and scoring them, the phase's long silence otherwise)."""
+    """PSNR/SSIM per horizon step of generated vs ground-truth frames, with the tokenizer and copy-last references."""
     horizon = clips[0].num_frames - n_ctx
     codes = pipeline.encode(frames_to_tensor(np.concatenate([c.frames for c in clips])))
     codes = codes.reshape(len(clips), n_ctx + horizon, *codes.shape[1:])
@@ -103,9 +84,7 @@ def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int
 
 def _decoded(results: list[RolloutResult], pipeline: WorldModelPipeline, say: Callable[[str], None] | None,
              line: str) -> list[RolloutResult]:
-    """``results`` of ``generate(..., decode=False)`` given their frames as ``generate`` decodes them, once ``say``
-    told ``line``: the decoding follows the rollouts' bar and takes a while on a CPU (the demo tokenizer: about
-    0.1 s a frame on one core)."""
+    """``results`` of ``generate(..., decode=False)`` given their decoded frames, after ``say(line)``."""
     if say is not None:
         say(line)
     for result in results:
@@ -120,8 +99,7 @@ def _mse(a: np.ndarray, b: np.ndarray) -> float:
 def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase], n_ctx: int,
                        horizons: list[int], sampling: SamplingConfig, seed: int, progress: bool,
                        say: Callable[[str], None] | None = None) -> dict:
-    """Attribute each rollout to the closest candidate manoeuvre; accuracy per pair (both rollouts right); ``say``
-    as in :func:`evaluate_quality`."""
+    """Attribute each rollout to the closest candidate manoeuvre."""
     horizon = next(iter(cases[0].clips.values())).num_frames - n_ctx
     steps = sorted({h for h in horizons if h <= horizon}) or [horizon]
     contexts = pipeline.encode(frames_to_tensor(np.concatenate([c.clips[c.pair[0]].frames[:n_ctx] for c in cases])))

@@ -1,22 +1,4 @@
-"""``terra-evaluate``'s phases, kept as they finish, so that an interrupted run loses only the phase it was in.
-
-The phases run in order, each when the spec measures it: ``quality`` (frame quality), then ``adherence``
-(manoeuvre adherence). As a phase ends, its results go to ``<out_dir>/<phase>.json`` (written atomically:
-terra/core/atomic.py) with the inputs that shaped them, one value per name:
-
-* ``world_model``, ``tokenizer``: a sha256 of the checkpoint's files (``checkpoint_digest``: its config and weights):
-  a checkpoint trained further in the same folder is told apart, a copy of the same files elsewhere is not;
-* ``backend``, ``device``, ``dtype``: the engine the rollouts ran on (resolved: ``auto`` is what it chose);
-* what of the run shapes a world model's outputs (terra/config/spec.py, ``RunSpec.output_settings``: the window,
-  how context frames are fitted, the sampling draw), under the names of the settings (``model.overlap``,
-  ``sampling.temperature``, ...);
-* ``horizon``, ``seed``, ``domain``, ``exclude_training.*``, and the phase's own block (``quality.*`` or
-  ``adherence.*``); the ``targets`` shape no phase, only the report.
-
-A run into a folder that holds a phase's file with the same inputs reuses its results (:func:`plan_phases`); a file
-made with other inputs is measured again, with one line naming the first input that differs. ``report.json`` is
-made from the phases at the end (terra/evaluation/run.py).
-"""
+"""``terra-evaluate``'s phases, kept as they finish, so that an interrupted run loses only the phase it was in."""
 
 from __future__ import annotations
 
@@ -66,8 +48,7 @@ def _flat(values: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 def phase_inputs(spec: EvaluateSpec, engine: dict[str, str]) -> dict[str, dict[str, Any]]:
-    """Each measured phase's inputs (the module docstring), in run order; ``engine``: the resolved ``backend`` and
-    ``device``."""
+    """Each measured phase's inputs, in run order; ``engine``: the resolved ``backend`` and ``device``."""
     run = spec.run
     shared = {"world_model": checkpoint_digest(run.world_model), "tokenizer": checkpoint_digest(run.tokenizer),
               **engine, "dtype": run.dtype, **_flat(run.output_settings()), "horizon": spec.horizon,
@@ -92,8 +73,7 @@ def plan_phases(spec: EvaluateSpec, engine: dict[str, str]) -> list[Phase]:
 
 
 def _earlier(path: Path, inputs: dict[str, Any]) -> tuple[dict | None, str | None]:
-    """``(record, None)`` when ``path`` holds a phase's complete record made with ``inputs``; ``(None, why)`` when
-    it holds one that does not fit; ``(None, None)`` when there is none."""
+    """``(record, None)`` when ``path`` holds a phase's complete record made with ``inputs``."""
     if not path.is_file():
         return None, None
     try:
@@ -125,8 +105,7 @@ def _value(value: Any, missing: object) -> str:
 
 
 def keep(folder: Path, phase: Phase, pipeline: dict[str, Any], result: dict, seconds: float) -> dict:
-    """Write ``phase``'s record (its inputs, what the pipeline was, its ``result``) to ``<folder>/<phase>.json``
-    atomically; return the result as the file holds it (JSON's values)."""
+    """Write ``phase``'s record to ``<folder>/<phase>.json`` atomically."""
     record = {"phase": phase.key, "complete": True, "inputs": phase.inputs, "pipeline": pipeline,
               "seconds": round(seconds, 2), "finished_at": round(time.time(), 3), "result": result}
     text = json_text(record, indent=1) + "\n"

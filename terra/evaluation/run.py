@@ -1,7 +1,5 @@
-"""``terra-evaluate``'s run: the phases (the two measurements on the held-out data, each kept in the output folder as
-it finishes and reused by a later run into it: terra/evaluation/phases.py), the targets, ``report.json`` (written
-atomically) and the table printed at the end. The pipeline is built as every app builds it (terra/pipeline.py,
-``resolve_run`` + ``WorldModelPipeline.from_run``), and only when a phase is left to measure."""
+"""``terra-evaluate``'s run: the phases, the targets, ``report.json`` (written atomically) and the table printed at
+the end."""
 
 from __future__ import annotations
 
@@ -33,21 +31,13 @@ PROG = "terra-evaluate"  # its stage lines start with the console script's name
 
 
 def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None, resume_command: str | None = None) -> dict:
-    """Evaluate as ``spec`` says (terra/evaluation/settings.py, ``evaluate_spec``), keeping each phase's results in
-    ``out_dir`` as it finishes and reusing those an earlier run left there with the same inputs
-    (terra/evaluation/phases.py); write ``<out_dir>/report.json`` atomically and return the report.
-
-    ``pipeline`` is built from ``spec.run`` when none is given and a phase is left to measure; a pipeline built
-    here is closed at the end. The run holds the folder's lock throughout (one run into it at a time). An
-    interrupted run (Ctrl-C, SIGTERM) says on stderr what it kept and how to resume: with ``resume_command`` (the
-    app's command line, out_dir set), else by a run with the same spec.
-    """
+    """Evaluate as ``spec`` says, keeping each phase's results in ``out_dir`` and reusing those with the same inputs."""
     t_start = time.perf_counter()
     phases: list[Phase] = []  # planned, then each marked done as it is kept: what an interrupted run tells
     with spec.output.hold(REPORT):
         try:
             report, load_s = _evaluate(spec, pipeline, phases)
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as terra/apps/runner.py's Interrupted
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM as the app runner's Interrupted
             _tell(_interrupted_line(spec, phases, resume_command))
             raise
         report["targets"] = _targets(spec.targets, report)
@@ -60,11 +50,10 @@ def run(spec: EvaluateSpec, pipeline: WorldModelPipeline | None = None, resume_c
 
 
 def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: list[Phase]) -> tuple[dict, float]:
-    """Plan the phases into ``phases`` (each kept one said in a line), build the pipeline if one is left to measure
-    and none was given, measure them; the report's header and phases, and the seconds the pipeline took to load."""
+    """Plan the phases into ``phases``, build the pipeline if needed, and measure them."""
     t_start = time.perf_counter()
     own = pipeline is None
-    if own:  # threads, device, backend, a vLLM engine's decoding, the window: once (terra/pipeline.py)
+    if own:  # threads, device, backend, a vLLM engine's decoding, the window: once
         resolved = resolve_run(spec.run, spec.rollouts_in_flight)
         engine = {"backend": resolved.spec.backend, "device": resolved.spec.device}
         sampling = resolved.spec.sampling
@@ -98,8 +87,7 @@ def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: l
 
 def _measured(spec: EvaluateSpec, phases: list[Phase], pipeline: WorldModelPipeline | None,
               sampling: SamplingConfig, say: Callable[[str], None]) -> dict:
-    """The report's header and every phase's results: kept ones as their files hold them, the others measured and
-    kept as each finishes (``phase.done`` set)."""
+    """The report's header and every phase's results."""
     if pipeline is not None:
         made_by = {"backend": type(pipeline.backend).__name__, "device": str(pipeline.device),
                    "image_size": list(pipeline.image_size),
@@ -138,8 +126,7 @@ def _header(spec: EvaluateSpec, made_by: dict) -> dict:
 
 
 def _unreadable(spec: EvaluateSpec, phase: Phase) -> str | None:
-    """Why a kept phase's record lacks what the report reads of it (None: the report reads it whole): its pipeline
-    and result are put through the report's targets and table as they would be."""
+    """Why a kept phase's record lacks what the report reads of it (None: the report reads it whole)."""
     try:
         report = {**_header(spec, phase.kept["pipeline"]), phase.key: phase.kept["result"], "reused": [],
                   "timings": {"total_s": 0.0}, "path": ""}
@@ -193,8 +180,7 @@ def _tell(line: str) -> None:
 
 
 def _stage_lines(progress: bool):
-    """A function printing a stage's line above the generation bars on a terminal, on stdout in a log
-    (terra/core/progress.py, ``announce``)."""
+    """A function printing a stage's line above the generation bars on a terminal, on stdout in a log."""
     return lambda line: announce(f"{PROG}: {line}", progress)
 
 

@@ -1,11 +1,4 @@
-"""The settings of ``terra-evaluate`` (conf/evaluate.yaml), checked once, before torch is imported.
-
-:func:`evaluate_spec` turns the Hydra config into a frozen :class:`EvaluateSpec`: the model and engine settings as
-the :class:`~terra.config.spec.RunSpec` every app shares (:func:`~terra.config.spec.run_spec`: checkpoints, device,
-dtype, backend, sampling, ``num_context``, ``num_threads``), this app's own numbers, manoeuvres and ranges, and
-the output folder claimed (terra/config/output_dir.py). Everything after it (terra/evaluation/cases.py, run.py)
-takes the values as given; what needs the world model's config.json (its window) is checked where it is read.
-"""
+"""The settings of ``terra-evaluate``, checked once, before torch is imported."""
 
 from __future__ import annotations
 
@@ -21,9 +14,9 @@ from terra.core.errors import TerraInputError
 from terra.inputs.trajectory import MANOEUVRE_RANGES, MANOEUVRES
 from terra.sim.scene import DOMAINS
 
-REPORT = "report.json"  # in out_dir, beside each phase's results as it finished (terra/evaluation/phases.py)
-APP = "terra-evaluate"  # the app whose run folders these are (terra/config/output_dir.py)
-SETTINGS = {  # documented in conf/evaluate.yaml; num_context and num_threads are run_spec's
+REPORT = "report.json"  # in out_dir, beside each phase's results as it finished
+APP = "terra-evaluate"  # the app whose run folders these are
+SETTINGS = {  # documented in the evaluate config; num_context and num_threads are run_spec's
     "horizon": Range(1, 1000, 10, whole=True),
     "seed": SEED,
     "quality.num_clips": Range(0, 100_000, 32, whole=True),
@@ -79,7 +72,7 @@ class Targets:
     """The report's pass/fail lines."""
 
     direction_accuracy_pct: float  # curve_left/curve_right cases correct
-    mean_psnr_db: float  # over the first generated frames (terra/evaluation/measure.py, TARGET_STEPS)
+    mean_psnr_db: float  # over the first generated frames
 
 
 @dataclass(frozen=True)
@@ -91,7 +84,7 @@ class EvaluateSpec:
     horizon: int  # frames generated after the context
     seed: int  # rollout k of a measurement samples with seed + k
     progress: bool
-    domain: str  # terra/sim/scene.py's DOMAINS: the scenes of both measurements
+    domain: str  # one of the scene DOMAINS: the scenes of both measurements
     quality: QualitySpec
     adherence: AdherenceSpec
     exclude_training: ExcludedTraining
@@ -104,14 +97,12 @@ class EvaluateSpec:
 
     @property
     def rollouts_in_flight(self) -> int:
-        """The most rollouts one ``generate`` call carries: a measurement sends all of its rollouts at once
-        (terra/evaluation/measure.py), an adherence case two per pair."""
+        """The most rollouts one ``generate`` call carries."""
         return max(self.quality.num_clips, 2 * self.adherence.num_cases * len(self.adherence.pairs))
 
 
 def evaluate_spec(cfg: DictConfig) -> EvaluateSpec:
-    """Every setting of conf/evaluate.yaml checked once, without importing torch, and ``out_dir`` claimed; one
-    :class:`TerraInputError` line for a bad one."""
+    """Every setting of `evaluate` checked once, without importing torch, and ``out_dir`` claimed."""
     values = check_settings(cfg, SETTINGS)
     if values["quality.num_clips"] == 0 and values["adherence.num_cases"] == 0:
         raise TerraInputError("nothing to evaluate: set quality.num_clips or adherence.num_cases above 0")

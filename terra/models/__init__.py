@@ -1,9 +1,4 @@
-"""Terra's world model for Transformers: the ``llama_action`` config and the v1 / v2 causal-LM classes.
-
-Importing this package registers them with Transformers' Auto classes, so
-``AutoModelForCausalLM.from_pretrained(folder)`` loads Terra's checkpoints without ``trust_remote_code``
-(the v1 class; v2 checkpoints load with :class:`LlamaActionV2ForCausalLM`).
-"""
+"""Terra's world model for Transformers: the ``llama_action`` config and the v1 / v2 causal-LM classes."""
 
 from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -1,10 +1,4 @@
-"""Opening a world-model checkpoint folder safely: its config read once, its weights checked before any load.
-
-Every entry point calls :func:`read_world_model_config` before any backend loads the model, so a folder
-that is not a Terra checkpoint, a truncated or foreign weight file, a config.json that does not describe
-the weights (Transformers would silently re-initialise mismatched weights), integer weights (it would cast
-them) or a NaN weight fails with one line naming the file and the tensor.
-"""
+"""Opening a world-model checkpoint folder safely: its config read once, its weights checked before any load."""
 
 from __future__ import annotations
 
@@ -54,11 +48,7 @@ def read_world_model_config(path: str | Path) -> LlamaActionConfig:
 
 
 def check_world_model_weights(folder: str | Path, config: LlamaActionConfig) -> None:
-    """Check that the checkpoint's weights fit ``config`` (names, shapes and floating-point dtypes, from the
-    safetensors headers) and are finite (each tensor read once, the only time before a backend loads them).
-
-    The model is built on the meta device for its expected names and shapes.
-    """
+    """Check that the checkpoint's weights fit ``config`` (names, shapes, float dtypes) and are finite."""
     folder = Path(folder)
     with torch.device("meta"):
         expected = {k: tuple(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}

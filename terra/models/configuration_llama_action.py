@@ -1,24 +1,4 @@
-"""Configuration of Terra's world model: a Llama config with the action / spatio-temporal keys (docs/ARCHITECTURE.md,
-"Terra's files").
-
-Terra's published ``config.json`` (``model_type: llama_action``) loads unchanged. Keys added by this toolkit
-all have defaults derived from that file, so they never need to be present in it:
-
-* ``codebook_size``: image codes are ``[0, codebook_size)``; default ``vocab_size - 1`` (Terra: 2^18 codes
-  plus one special id).
-* ``action_token_id``: the placeholder id of every slot, action or route (the key keeps the name checkpoints store it
-  under; the token layout calls it ``slot_token_id``, terra/contract/layout.py); default ``codebook_size`` (the
-  special id).
-* ``action_projection_type``: ``"linear"`` (v1, ``LlamaActionForCausalLM``) or ``"mlp"`` (v2,
-  ``LlamaActionV2ForCausalLM``: Linear-ReLU-Linear-ReLU-Linear); default read from ``architectures``.
-* ``action_mlp_hidden_size``: width of the v2 MLP's hidden layers; default ``hidden_size``.
-* ``zero_embed_code_0``: give image code 0 a zero input embedding, as Terra's vLLM port does (it embeds only
-  ids > 0; its README says that port produced the paper's numbers). Off by default: code 0 is an ordinary
-  image code of the checkpoint's embedding table. Both backends honour it.
-* ``num_route_tokens``: route slots per frame after its action slots (K; 0, Terra's layout, by default). With K > 0
-  the model has a ``route_projection`` (``Linear(3, hidden)``) and a learned ``no_route_embedding`` ``[K, hidden]``
-  (terra/contract/routes.py has the route contract), and ``num_spatio_embeddings`` counts the route slots.
-"""
+"""Configuration of Terra's world model: a Llama config with the action / spatio-temporal keys."""
 
 from __future__ import annotations
 

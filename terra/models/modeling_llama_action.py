@@ -1,23 +1,7 @@
 """Terra's world model for Transformers: a Llama decoder over interleaved image tokens and action slots.
 
-Parameter names match Terra's checkpoints: the Llama backbone (``model.*``, ``lm_head``) plus
-``pos_embedding_spatio_temporal.{spatio,temporal}_embeddings`` and ``action_projection`` (v1: one
-``Linear(action_dim, hidden)``; v2: ``Sequential(Linear, ReLU, Linear, ReLU, Linear)``). A model with route slots
-(``num_route_tokens`` K > 0; Terra has none) adds ``route_projection`` (``Linear(3, hidden)``) and
-``no_route_embedding`` ``[K, hidden]``.
-
-Two ways to call :meth:`LlamaActionForCausalLM.forward`:
-
-* training style, as Terra's code does: ``input_ids`` holds only image tokens ``[B, T*P]``, ``actions``
-  ``[B, T*A, 3]`` and, with route slots, ``routes`` ``[B, T*K, 3]`` (None: no route); the model interleaves them
-  into ``[B, T*(P+A+K)]`` and returns logits for every position.
-* interleaved (incremental decoding): ``input_ids`` already holds ``action_token_id`` at every slot,
-  ``conditions`` ``[B, n, 3]`` holds the slots' values in order (each frame's A action points, then its K route
-  points: terra/generation/rollout.py, ``RolloutState.conditions``), and ``position_ids`` gives the window positions.
-
-Every position ``p`` gets ``spatio[p % S] + temporal[p // S]`` added to its input embedding; RoPE uses the
-same ``p``.
-"""
+Parameter names match Terra's checkpoints. Every position ``p`` gets ``spatio[p % S] + temporal[p // S]`` added to
+its embedding; RoPE uses the same ``p``."""
 
 from __future__ import annotations
 
@@ -61,12 +45,8 @@ def build_action_projection(config: LlamaActionConfig) -> nn.Module:
 
 
 def embed_slots(model: nn.Module, values: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Slot values ``[..., 3]`` → embeddings ``[..., hidden]``; ``slots`` (broadcast to ``values[..., 0]``) says which
-    slot of its frame each value fills, ``0 .. A + K - 1``. Action points go through ``action_projection``, route
-    points through ``route_projection``, and a route point holding NaN (no route, terra/contract/routes.py) becomes
-    the learned ``no_route_embedding`` row of its slot. One rule for the Transformers model and vLLM's
-    (terra/vllm/llama_action.py); no data-dependent shapes, so it runs under CUDA graphs. NaN never reaches a
-    projection, so it cannot reach a gradient either."""
+    """Slot values ``[..., 3]`` → embeddings ``[..., hidden]``; ``slots`` (``0 .. A + K - 1``) says which slot of its
+    frame each value fills; a NaN route point becomes its slot's ``no_route_embedding``."""
     clean = torch.nan_to_num(values)
     embedded = model.action_projection(clean)
     if model.route_projection is None:
@@ -109,17 +89,14 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         self.post_init()
 
     def _init_weights(self, module: nn.Module) -> None:
-        """Transformers' initialisation, and the "no route" rows (a bare parameter it does not know) drawn like an
-        embedding's: a checkpoint without them (Terra's layout grown route slots, terra/training/model.py) gets them
-        this way."""
+        """Transformers' initialisation, plus the "no route" rows drawn like an embedding's."""
         super()._init_weights(module)
         if module is self and self.no_route_embedding is not None:
             nn.init.normal_(self.no_route_embedding, std=self.config.initializer_range)
 
     @classmethod
     def from_pretrained(cls, *args, config: LlamaActionConfig | None = None, **kwargs):
-        """As Transformers' ``from_pretrained``; the Auto classes (which pass ``config``) get the class that
-        the checkpoint's ``architectures`` names, so a Terra v2 folder loads as :class:`LlamaActionV2ForCausalLM`."""
+        """As Transformers' ``from_pretrained``."""
         return super(LlamaActionForCausalLM, _class_for(cls, config)).from_pretrained(*args, config=config, **kwargs)
 
     @classmethod
@@ -128,12 +105,7 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
 
     def interleave(self, image_ids: torch.Tensor, actions: torch.Tensor,
                    routes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Training-style inputs → interleaved ids ``[B, T*(P+A+K)]`` (placeholders at every slot) and the slots'
-        values ``[B, T*(A+K), 3]``.
-
-        ``image_ids`` is ``[B, T*P]``; ``actions`` is ``[B, T*A, 3]`` (or ``[B, T, A, 3]``); ``routes`` is
-        ``[B, T*K, 3]`` (or ``[B, T, K, 3]``; NaN rows or None: no route), for a model with route slots.
-        """
+        """Training-style inputs → interleaved ids ``[B, T*(P+A+K)]`` and slot values ``[B, T*(A+K), 3]``."""
         cfg = self.config
         frames = image_ids.shape[1] // cfg.num_image_patches
         if image_ids.shape[1] != frames * cfg.num_image_patches:
@@ -162,9 +134,7 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
 
     def embed(self, input_ids: torch.Tensor, conditions: torch.Tensor | None,
               position_ids: torch.Tensor) -> torch.Tensor:
-        """Input embeddings: token embedding, or the slot's embedded value at placeholder ids (:func:`embed_slots`:
-        ``conditions`` holds the slots' values in order, a slot's kind read from its position); plus the position
-        table."""
+        """Input embeddings: token embeddings, or the embedded slot values of ``conditions`` at placeholder ids."""
         is_slot = input_ids == self.config.action_token_id
         embeds = self.model.embed_tokens(input_ids)  # placeholders embed as their (unused) vocab row
         if self.config.zero_embed_code_0:
@@ -195,9 +165,13 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Logits over the interleaved sequence; see the module docstring for the two input styles. ``cache``
-        (transformers' current name for the KV cache) goes to Llama under the name it takes
-        (:data:`LLAMA_CACHE_ARGUMENT`)."""
+        """Logits over the interleaved sequence.
+
+        Args:
+            input_ids: image tokens only ``[B, T*P]`` (the model interleaves ``actions`` ``[B, T*A, 3]`` and
+                ``routes`` ``[B, T*K, 3]``), or the interleaved sequence with ``action_token_id`` at every slot.
+            conditions: with interleaved ``input_ids``, the slots' values in order ``[B, n, 3]``.
+            position_ids: window positions, with interleaved ``input_ids``."""
         if inputs_embeds is None:
             if input_ids is None:
                 raise ValueError("pass input_ids (image tokens, or interleaved ids) or inputs_embeds")

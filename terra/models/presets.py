@@ -1,15 +1,4 @@
-"""World-model shapes shared by tests, benchmarks and GPU checks: keyword arguments of ``LlamaActionConfig``.
-
-* :data:`TERRA`: Terra's published shape (``world_model/config.json`` of turing-motors/Terra; v2 differs only
-  in ``architectures``), about 2.0 B parameters.
-* :data:`SMALL`: Terra's frame layout (576 image tokens + 6 action slots, 2^12 codes) on a small decoder, for
-  GPU checks that need real frame sizes but not the weights' size.
-* :data:`TINY`: every layout rule of Terra's at toy size (8x8 image tokens, 6-frame windows, head_dim 64, which
-  vLLM's CPU engine supports), for tests and CPU smoke runs; :data:`TINY_TOKENIZER` is the LFQ tokenizer
-  config whose codes fit it.
-
-:func:`with_window` gives any of them another window length (frames per window).
-"""
+"""World-model shapes shared by tests, benchmarks and GPU checks: keyword arguments of ``LlamaActionConfig``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""Points binned in square cells, to find the ones near a place without looking at all of them (numpy only).
-
-A road's lanes hold up to millions of points (terra/roads/road.py); a route looks only at the few within metres of
-the car. The points' cell keys are sorted once; :meth:`CellIndex.near` takes the 3 x 3 cells around a place by
-binary search, so every point within ``cell_m`` of it is among those returned.
-"""
+"""Points binned in square cells, to find the ones near a place without looking at all of them (numpy only)."""
 
 from __future__ import annotations
 

@@ -1,30 +1,4 @@
-"""AlpaSim's map (``StaticWorldMap.hdmap_parquets``, a scene's ``clipgt/`` tables) as a :class:`Road`, and back.
-
-The bytes are a zip of parquet files, one per element type, named ``{element}.parquet`` or
-``{clip_id}.{element}.parquet``, at the archive's root (AlpaSim's runtime) or in a folder (``clipgt/lane.parquet``,
-as a scene's USDZ holds them): the element is the name's last dotted part before ``.parquet``. Each file holds a
-struct column named after its element, and beside it a ``key`` struct (``clip_id``, ``label_class_id``, ``map_id``,
-``map_id_version``) and a ``version``: the layout AlpaSim ships and NVIDIA's readers take (flashdreams' ClipGT
-bundles, trajdata's MADS map loader); the element's column alone would lose the lanes' ids, which successors name.
-Points are ``{x, y, z}`` structs in metres in the clip's world frame (AlpaSim's per-scene local frame of the rig
-poses); z is not read. Read here:
-
-* ``lane``: ``left_rail`` and ``right_rail`` polylines; the centreline is their midpoint (point by point where the
-  rails have as many points, as those readers take it; else at equal shares of each rail's length), resampled by
-  :class:`Road`. A lane's id is its ``key.map_id``.
-* ``road_boundary``: ``location`` polylines, the road's boundaries.
-* ``association`` (its struct column ``association`` or ``Association``): where present, its ``NEXT_LANE`` rows
-  (``key.kind``; ``subjects`` a lane's id, ``objects`` the ids of the lanes it leads into) are the lanes'
-  successors, as trajdata reads them; lanes it does not name are chained by their geometry (terra/roads/road.py).
-
-Every other element (``lane_line``, ``crosswalk``, ``wait_line``, ``traffic_light``, ...) is ignored. Reading is
-bounded: the tables read unpack to at most :data:`MAX_MAP_BYTES` (from the zip's entry headers, and counted again
-while unpacking), parquet's own pages likewise, and decode to at most ``MAX_POINTS`` values a field and
-``MAX_LANES`` rows (both from the file's metadata, terra/roads/road.py); a map that breaks a bound or the layout is
-one :class:`TerraInputError` line naming the element and the field.
-:func:`write_clipgt` writes a road in this layout (rails :data:`LANE_WIDTH_M` apart about each centreline), so a
-synthetic scene can be handed to AlpaSim and read back here.
-"""
+"""AlpaSim's map (``StaticWorldMap.hdmap_parquets``, a scene's ``clipgt/`` tables) as a :class:`Road`, and back."""
 
 from __future__ import annotations
 
@@ -48,8 +22,7 @@ _CHUNK = 1 << 20
 
 
 def read_clipgt(data: bytes | str | Path | IO[bytes], source: str = "clipgt map") -> Road:
-    """The road of AlpaSim's map: its bytes (``hdmap_parquets``), a zip file's path, or a folder of the parquet
-    files (a scene's ``clipgt/``). No ``lane`` table: a road without lanes (every route is "no route")."""
+    """The road of AlpaSim's map: its bytes, a zip file's path, or a folder of its parquet files."""
     tables = _tables(data, source)
     lanes = _lanes(tables["lane"], source) if "lane" in tables else []
     boundaries = _boundaries(tables["road_boundary"], source) if "road_boundary" in tables else []
@@ -61,8 +34,7 @@ def read_clipgt(data: bytes | str | Path | IO[bytes], source: str = "clipgt map"
 
 def write_clipgt(road: Road, out: str | Path | IO[bytes], clip_id: str | None = None,
                  lane_width_m: float = LANE_WIDTH_M) -> None:
-    """Write ``road`` as AlpaSim's map (a zip of ``lane``, ``road_boundary`` and ``association`` tables, named
-    ``{clip_id}.{element}.parquet`` or, without ``clip_id``, ``{element}.parquet``) to a path or a binary file."""
+    """Write ``road`` as AlpaSim's map (a zip of parquet tables) to a path or a binary file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -163,8 +135,7 @@ def _check_size(total: int, source: str) -> None:
 
 
 def _unpacked(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> bytearray:
-    """An entry's bytes, never more than its header states (nor than :data:`MAX_MAP_BYTES`), unpacked into one
-    buffer of that size."""
+    """An entry's bytes, never more than its header states nor :data:`MAX_MAP_BYTES`."""
     limit = min(info.file_size, MAX_MAP_BYTES)
     buffer, size = bytearray(limit + 1), 0  # one byte past the limit tells an entry that unpacks to more
     try:
@@ -186,10 +157,7 @@ def _unpacked(archive: zipfile.ZipFile, info: zipfile.ZipInfo, source: str) -> b
 
 def _read(table: tuple[str, bytes], element: str, wanted: dict[str, tuple[str, ...]], source: str,
           max_rows: int) -> dict[str, Any]:
-    """``column -> struct array`` holding only the ``wanted`` fields of each column (their leaves but ``z``), read
-    after the table's bounds are checked from its metadata: rows, values per leaf (what decoding allocates, whatever
-    the pages' encoding) and unpacked page bytes. The element's column (matched without case) and its fields must be
-    there; other columns' fields are read where present."""
+    """``column -> struct array`` of the ``wanted`` fields, read after the table's bounds are checked."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -362,8 +330,7 @@ def _key(clip_id: str, label: str, map_id: str) -> dict[str, str]:
 
 
 def _offset(points: np.ndarray, left_m: float) -> np.ndarray:
-    """A polyline moved ``left_m`` to its left, each point along the mean of its segments' normals (so the midpoint
-    of two opposite offsets is the polyline itself)."""
+    """A polyline moved ``left_m`` to its left along the mean of its segments' normals."""
     tangent = np.gradient(points, axis=0)
     tangent /= np.linalg.norm(tangent, axis=1, keepdims=True)
     return points + left_m * np.stack([-tangent[:, 1], tangent[:, 0]], axis=-1)

@@ -1,20 +1,7 @@
-"""A road a person writes: lane centrelines in a trajectory's own world frame, x first like every other input.
+"""A road a person writes: lane centrelines in a trajectory's own world frame (metres, x forward at yaw 0, y left).
 
-JSON (:func:`road_from_json`, the value of a ``road`` key; :func:`read_road_file` for a ``road.json`` holding
-``{"road": ...}`` or the value alone):
-
-* one polyline ``[[x, y], [x, y], ...]`` (a lane, in its driving direction), or
-* a list of lanes, each a polyline or ``{"points": [[x, y], ...], "successors": [j, ...]}`` (``j``: the 0-based
-  indices of the lanes it leads into; without ``successors`` a lane is chained by geometry, terra/roads/road.py).
-
-CSV (:func:`road_from_csv`, ``road.csv``): a header naming columns ``x``, ``y`` and optionally ``lane`` (a label;
-the rows of one label, in file order, are one lane).
-
-x, y are metres in the world frame of the trajectory the road goes with (x forward at yaw 0, y left). Numbers must
-be numbers (Python's or numpy's): strings and booleans are refused, every error one :class:`TerraInputError` line
-naming the key, the index or the row; the rest is checked once, as every road is, by :class:`Road`.
-:func:`write_road_file` writes a road as such a JSON file (a synthetic scene's, for driving logs: terra/sim/logs.py).
-"""
+JSON: one polyline ``[[x, y], ...]`` or a list of lanes, each a polyline or ``{"points": [...], "successors": [j,
+...]}``. CSV: columns ``x``, ``y`` and optionally ``lane`` (rows of one label form one lane)."""
 
 from __future__ import annotations
 
@@ -41,8 +28,7 @@ MAX_FILE_BYTES = 256 * 2**20  # a road file of MAX_POINTS points is well under t
 
 
 def road_from_json(value: Any, source: str = "road") -> Road:
-    """The road of a JSON value: one polyline or a list of lanes (module docstring); ``source`` names it in
-    errors (``trajectory.json: road``)."""
+    """The road of a JSON value; ``source`` names it in errors (``trajectory.json: road``)."""
     if not isinstance(value, list) or not value:
         raise TerraInputError(f"{source}: must be a polyline [[x, y], ...] or a list of lanes, got "
                               f"{_shown(value)}")
@@ -66,7 +52,7 @@ def road_from_json(value: Any, source: str = "road") -> Road:
 
 
 def road_from_csv(text: str, source: str = "road.csv") -> Road:
-    """The road of a CSV text with columns ``x``, ``y`` and optionally ``lane`` (module docstring)."""
+    """The road of a CSV text with columns ``x``, ``y`` and optionally ``lane``."""
     try:
         return _road_from_csv(csv.reader(io.StringIO(text)), source)
     except csv.Error as err:
@@ -104,7 +90,7 @@ def _road_from_csv(reader: Any, source: str) -> Road:
 
 
 def read_road_file(path: str | Path) -> Road:
-    """The road of a ``.json`` or ``.csv`` road file (module docstring)."""
+    """The road of a ``.json`` or ``.csv`` road file."""
     path = Path(path)
     if not path.is_file():
         raise TerraInputError(f"road file {path}: {'is not a regular file' if path.exists() else 'does not exist'}")
@@ -132,8 +118,7 @@ def read_road_file(path: str | Path) -> Road:
 
 
 def write_road_file(road: Road, path: str | Path) -> None:
-    """Write ``road``'s lanes as a ``road.json`` :func:`read_road_file` reads back (points to the millimetre; a
-    lane's successors where it states them, by index)."""
+    """Write ``road``'s lanes as a ``road.json`` that :func:`read_road_file` reads back (millimetre precision)."""
     index = {lane.id: i for i, lane in enumerate(road.lanes)}
     lanes = []
     for lane in road.lanes:

@@ -1,21 +1,4 @@
-"""The one place a world-frame road becomes ego routes: each pose's route in the contract's layout
-(terra/contract/routes.py).
-
-:func:`route_at` takes the lane the car is in, the nearest centreline (within :data:`MAX_LANE_DISTANCE_M`) whose
-direction is within :data:`MAX_HEADING_RAD` of the car's, and follows it from the car's nearest centreline point
-through the lanes it leads into, to the contract's distances (``route_distances(K)``, up to 80 m). Where a lane leads
-into several, it follows the branch nearest the points the caller knows the car will pass (``ahead``: later poses of
-its trajectory, AlpaSim's chunk of rig poses), when one branch is nearer than the others by
-:data:`AHEAD_MARGIN_M`; else the straightest branch (the least turn over its first :data:`STRAIGHT_WINDOW_M`).
-The same points choose the car's lane where another comes within :data:`LANE_TIE_M` of the nearest (just past a
-fork, where both branches still run side by side; astride a lane line).
-Where the road ends before a point's distance, the point stays at the road's end (as ``Scene.route`` does); a road
-ending within :data:`MIN_ROAD_AHEAD_M` tells no route. No lane near the car, or a road without lanes: the contract's
-"no route" rows (NaN), which the model embeds as such; :func:`told_route_at` says which. A frame's work is bounded
-whatever the map: at most :data:`MAX_LANE_VISITS` lanes followed and as many looked at along branches,
-:data:`MAX_BRANCHES` weighed at a fork, no lane twice in a route.
-:func:`routes_along` does it for every pose of a trajectory, each pose's ``ahead`` being the poses after it.
-"""
+"""The one place a world-frame road becomes ego routes: each pose's route in the contract's layout."""
 
 from __future__ import annotations
 
@@ -39,18 +22,13 @@ MIN_ROAD_AHEAD_M = ROUTE_HORIZON_M / 2  # a road ending nearer than this ahead t
 
 
 def route_at(road: Road, pose: np.ndarray, route_tokens: int, ahead: np.ndarray | None = None) -> np.ndarray:
-    """The route ``[K, 3]`` (``K = route_tokens``) of world ``pose`` ``(x, y, yaw)`` along ``road``: ego ``(y, x)``
-    of the followed centreline at ``route_distances(K)``, or ``no_route`` rows where no lane is near. ``ahead``:
-    world points ``[M, 2]`` (or poses ``[M, 3]``) the car is known to pass after ``pose``, which choose the branch
-    at a fork."""
+    """The route ``[K, 3]`` (``K = route_tokens``) of world ``pose`` ``(x, y, yaw)`` along ``road``."""
     return told_route_at(road, pose, route_tokens, ahead)[0]
 
 
 def told_route_at(road: Road, pose: np.ndarray, route_tokens: int,
                   ahead: np.ndarray | None = None) -> tuple[np.ndarray, str]:
-    """:func:`route_at` and whether it is told: :data:`~terra.contract.routes.TOLD`, else why not
-    (:data:`~terra.contract.routes.NO_LANE_NEAR`, or :data:`~terra.contract.routes.ROAD_ENDED` where the road
-    followed ends short of :data:`MIN_ROAD_AHEAD_M`: no route, rather than points stacked on its end)."""
+    """:func:`route_at` and its status: ``TOLD``, ``NO_LANE_NEAR`` or ``ROAD_ENDED``."""
     pose = _pose(pose)
     known = None if ahead is None or len(ahead) == 0 else np.atleast_2d(np.asarray(ahead, dtype=np.float64))[:, :2]
     branches = _Budget()  # then a fork takes the straightest
@@ -69,9 +47,7 @@ def told_route_at(road: Road, pose: np.ndarray, route_tokens: int,
 
 def routes_along(road: Road, poses: np.ndarray, route_tokens: int,
                  ahead_poses: np.ndarray | None = None) -> np.ndarray:
-    """Routes ``[T, K, 3]`` of a trajectory's world ``poses`` ``[T, 3]``: pose ``t``'s :func:`route_at` with the
-    poses after it (then ``ahead_poses``, points ``[M, 2]`` or poses ``[M, 3]`` known beyond the trajectory) as the
-    points it is known to pass."""
+    """Routes ``[T, K, 3]`` of world ``poses`` ``[T, 3]``, each told the poses after it (then ``ahead_poses``)."""
     return told_routes_along(road, poses, route_tokens, ahead_poses)[0]
 
 
@@ -92,8 +68,7 @@ def told_routes_along(road: Road, poses: np.ndarray, route_tokens: int,
 
 
 def nearest_lane(road: Road, pose: np.ndarray) -> tuple[float, float] | None:
-    """How far world ``pose``'s nearest lane point is (m), and how far that lane's heading there is from the car's
-    (degrees), over every lane (for an error line: it reads all the road's points); None without lanes."""
+    """Distance (m) to ``pose``'s nearest lane point and the heading gap there (degrees)."""
     if not len(road.segment_starts):
         return None
     pose = _pose(pose)
@@ -124,11 +99,7 @@ def _pose(pose: np.ndarray) -> np.ndarray:
 
 
 def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None, budget: _Budget) -> tuple[int, float] | None:
-    """(lane, arc length) of the car's point on its lane: the nearest centreline point within
-    :data:`MAX_LANE_DISTANCE_M` on a lane heading within :data:`MAX_HEADING_RAD` of ``pose``; where other lanes
-    come within :data:`LANE_TIE_M` of that (just past a fork, astride a lane line), the one of the
-    :data:`MAX_BRANCHES` nearest whose road ahead the ``ahead`` points follow, when they tell. None where no lane
-    is near."""
+    """(lane, arc length) of the car's point on its lane."""
     if not len(road) or np.abs(pose[:2]).max() > MAX_COORDINATE_M + road.cells.cell_m:
         return None
     first = road.segment_starts[road.cells.near(pose[:2])]
@@ -160,8 +131,7 @@ def _car_lane(road: Road, pose: np.ndarray, ahead: np.ndarray | None, budget: _B
 
 def _follow(road: Road, lane: int, s0: float, distances: np.ndarray, ahead: np.ndarray | None,
             budget: _Budget) -> tuple[np.ndarray, float]:
-    """World points ``[K, 2]`` ``distances`` metres along the road from ``s0`` on ``lane``, through the lanes it
-    leads into (each once), those past the road's end at its end; and how far the road reaches."""
+    """World points ``[K, 2]`` ``distances`` metres along the road from ``s0`` on ``lane``, clamped at its end."""
     lanes, offsets = [lane], [-s0]  # the route distance at which each followed lane starts
     visited, reach, hops = {lane}, road.lengths[lane] - s0, _Budget()
     while reach < distances[-1] and hops.take():
@@ -186,8 +156,7 @@ def _options(road: Road, lane: int, visited: set[int]) -> list[int]:
 
 
 def _next_lane(road: Road, lane: int, visited: set[int], ahead: np.ndarray | None, budget: _Budget) -> int | None:
-    """The lane followed after ``lane``: its one successor, or at a fork the branch ``ahead`` takes, else the
-    straightest; None at the road's end (or where every lane it leads into is ``visited``)."""
+    """The lane after ``lane``: its one successor, at a fork the branch ``ahead`` takes, else the straightest."""
     options = _options(road, lane, visited)
     if len(options) <= 1:
         return options[0] if options else None
@@ -200,8 +169,7 @@ def _next_lane(road: Road, lane: int, visited: set[int], ahead: np.ndarray | Non
 
 
 def _nearest_to(ahead: np.ndarray, place: np.ndarray, branches: list[np.ndarray]) -> int | None:
-    """The branch (index) the ``ahead`` points within :data:`ROUTE_HORIZON_M` of ``place`` (at most
-    :data:`MAX_KNOWN_POINTS` of them) lie nearest, by :data:`AHEAD_MARGIN_M` at least; None when none does."""
+    """The branch (index) the ``ahead`` points near ``place`` lie nearest, by :data:`AHEAD_MARGIN_M` at least."""
     known = ahead[np.hypot(*(ahead - place).T) <= ROUTE_HORIZON_M]
     if not len(known):
         return None
@@ -213,8 +181,7 @@ def _nearest_to(ahead: np.ndarray, place: np.ndarray, branches: list[np.ndarray]
 
 
 def _branch_points(road: Road, lane: int, start: float, budget: _Budget, visited: set[int] = frozenset()) -> np.ndarray:
-    """The points of ``lane`` from ``start`` metres along it and of its straightest continuation (no lane twice, none
-    ``visited``), up to :data:`ROUTE_HORIZON_M` of road."""
+    """The points of ``lane`` from ``start`` m on and its straightest continuation, up to :data:`ROUTE_HORIZON_M`."""
     walked = {*visited, lane}
     parts = [road.point_at(lane, start)[None], _lane_part(road, lane, start, start + ROUTE_HORIZON_M)]
     reach = road.lengths[lane] - start

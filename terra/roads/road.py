@@ -1,18 +1,4 @@
-"""A road: lane centrelines in a world frame, checked once and ready to be followed (terra/roads/follow.py).
-
-A :class:`Road` is built from :class:`Lane` s, whatever their source (AlpaSim's map, terra/roads/clipgt.py; a road
-file, terra/roads/files.py; the synthetic scene, terra/sim/roads.py). World frame as in
-terra/inputs/trajectory.py: x, y in metres, yaw counter-clockwise from +x. Each lane is a polyline in its driving
-direction; at construction it is checked (finite, at least two distinct points, coordinates within
-:data:`MAX_COORDINATE_M`; the road at most :data:`MAX_LANES` lanes and :data:`MAX_POINTS` points), each failure one
-:class:`TerraInputError` line, and resampled every ``spacing_m`` along its length (1 m: finer than any map's
-accuracy, coarse enough for maps of thousands of lanes). Where a lane states its successors (ids of the lanes it
-leads into; at most :data:`MAX_SUCCESSORS`) they are used; where it does not, it leads into every other lane starting
-within :data:`CHAIN_GAP_M` of its end and heading within :data:`CHAIN_HEADING_RAD` of it (more than
-:data:`MAX_STARTS_NEAR` lanes starting by one lane's end is refused); no lane leads into itself nor into one starting
-over half its length behind its end, and a lane's successors are kept straightest first. Road boundaries, where a
-source has them, are kept as given (checked like lanes): drawn, never followed.
-"""
+"""A road: lane centrelines in a world frame, checked once and ready to be followed."""
 
 from __future__ import annotations
 
@@ -40,8 +26,7 @@ CELL_M = 8.0  # the cells of the lane index: more than follow.py's reach to a la
 
 @dataclass(frozen=True)
 class Lane:
-    """One lane's centreline ``[N, 2]`` (x, y world metres, in its driving direction), its id, the ids of the lanes
-    it leads into (None: not known, found from the geometry) and where it came from."""
+    """A lane's centreline ``[N, 2]`` (world m, driving direction), id, successor ids (None: from geometry), source."""
 
     points: np.ndarray
     id: str = ""
@@ -50,14 +35,7 @@ class Lane:
 
 
 class Road:
-    """Lane centrelines in one world frame, checked and resampled; what :func:`terra.roads.follow.route_at` follows.
-
-    ``lanes`` are the resampled lanes (ids default to their index, sources to the road's), ``next_lanes[i]`` the
-    indices of the lanes lane ``i`` leads into, straightest first, ``boundaries`` the road boundaries ``[M, 2]`` as
-    given. Behind the lookups, the lanes' points end to end: ``xy`` ``[P, 2]``, ``lane_of`` and ``along`` (a point's
-    lane and arc length in it), ``starts`` (lane ``i`` is ``xy[starts[i]:starts[i + 1]]``), ``lengths``, and
-    ``cells``, the index of the segments ``xy[j] -> xy[j + 1]`` for ``j`` in ``segment_starts``.
-    """
+    """Lane centrelines in one world frame, checked and resampled; what :func:`terra.roads.follow.route_at` follows."""
 
     def __init__(self, lanes: Sequence[Lane], boundaries: Sequence[np.ndarray] = (), source: str = "road",
                  spacing_m: float = LANE_SPACING_M) -> None:
@@ -119,9 +97,7 @@ class Road:
 
 
 def _polylines(polylines: list, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Polylines end to end, ``xy [P, 2]`` and the polyline of each point, checked: ``[N, 2]`` numbers, finite,
-    within :data:`MAX_COORDINATE_M`, at least two distinct points each (points within :data:`MIN_POINT_GAP_M` of
-    the one before dropped)."""
+    """Polylines end to end, ``xy [P, 2]`` and each point's polyline, checked and near-duplicate points dropped."""
     arrays = []
     for points, what in zip(polylines, names):
         try:
@@ -158,8 +134,7 @@ def _polylines(polylines: list, names: list[str]) -> tuple[np.ndarray, np.ndarra
 
 
 class _Polylines:
-    """Checked polylines end to end, for interpolation along each: their points on one axis of arc length, each
-    polyline starting 1 m past the end of the one before."""
+    """Checked polylines end to end on one arc-length axis, each starting 1 m past the one before."""
 
     def __init__(self, xy: np.ndarray, owner: np.ndarray, count: int) -> None:
         step = np.hypot(*np.diff(xy, axis=0).T) if len(xy) else np.zeros(0)
@@ -183,11 +158,7 @@ def _direction(vector: np.ndarray) -> np.ndarray:
 
 
 def _connections(lanes: tuple[Lane, ...], curve: _Polylines, source: str) -> tuple[tuple[int, ...], ...]:
-    """Each lane's successors as lane indices, straightest first (the least turn from the lane's last
-    ``STRAIGHT_WINDOW_M / 4`` to the successor's first :data:`STRAIGHT_WINDOW_M`): the stated ones (ids of lanes not
-    on the road are dropped: a map cut at its edge names lanes beyond it), else the lanes its end leads into by
-    :data:`CHAIN_GAP_M` and :data:`CHAIN_HEADING_RAD`; never the lane itself, nor one starting more than half the
-    lane's length behind its end (stacked lanes would lead a route back and forth)."""
+    """Each lane's successors as lane indices, straightest first."""
     index: dict[str, int] = {}
     for i, lane in enumerate(lanes):
         if index.setdefault(lane.id, i) != i:

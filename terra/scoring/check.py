@@ -1,12 +1,5 @@
 """A scoring run checked without the estimator's weights (``dry_run=true``): the samples file read, every video
-matched, opened and its frames counted, the estimator folder looked at, and one report of what is missing.
-
-It reads what :func:`terra.scoring.run.score` reads up to the estimator's weights and stops there, so a run
-folder can be checked on a machine that has no ACT-Estimator download (and no GPU): the samples' rows as the
-score reads them, videos matched by the number ending their names, each long enough for the frames the estimator
-takes (its ``config.json``'s, else the published 44), counted from the container's packets. The measure that needs
-no weights at all is ``terra-evaluate`` (a world model against the synthetic world's ground truth).
-"""
+matched, opened and its frames counted, the estimator folder looked at, and one report of what is missing."""
 
 from __future__ import annotations
 
@@ -86,8 +79,7 @@ def dry_run(settings: ScoringSettings) -> DryRun:
 
 
 def _estimator(folder: Path | None, report: DryRun) -> EstimatorConfig:
-    """The estimator's config (the published one when there is none to read); what the folder lacks is a
-    problem of the report."""
+    """The estimator's config (the published one when there is none to read)."""
     if folder is None or not folder.is_dir():
         where = "not given" if folder is None else f"{folder} is not a folder"
         report.problems.append(f"no estimator ({where}): {DOWNLOAD}")

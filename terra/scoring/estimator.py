@@ -1,22 +1,5 @@
-"""ACT-Bench's ACT-Estimator: ``VideoActionEstimator`` with its Inception-I3D backbone, in plain torch, and
-:meth:`VideoActionEstimator.from_pretrained` for a folder of published weights (no remote code). The weight-name
-map: every module below carries its state-dict name in ACT-Bench's ``act_bench/model.py``.
-
-==========================  ==================================================================================
-``backbone.``               Inception-I3D up to ``Mixed_5c``, no logits: ``Conv3d_1a_7x7``, ``Conv3d_2b_1x1``,
-                            ``Conv3d_2c_3x3``, the blocks of ``i3d.MIXED`` (``b0``, ``b1a``, ``b1b``, ``b2a``,
-                            ``b2b``, ``b3b``); each a ``Unit3D``: ``conv3d.weight`` (no bias), ``bn.*``
-``squeeze_linear.``         Linear 1024 → ``d_model`` over the features pooled to ``feature_map_size``²
-``positional_encoding.pe``  sinusoidal positions ``[1, memory_len, d_model]`` (a buffer, recomputed if absent)
-``self_attn.layers.{0,1}.`` torch ``TransformerEncoderLayer`` (post-norm, GELU, feed-forward 512)
-``classifier.{0,3}.``       Linear-Dropout-GELU-Linear on the mean token → ``num_classes`` logits
-``visual_odmetry.``         (sic) the GRU waypoint predictor: ``hidden_state``, ``pos_embedding``,
-                            ``pre_gru_layer.*``, ``gru.*`` (GRUCell), ``head.{0,3}.``
-==========================  ==================================================================================
-
-The backbone is terra/scoring/i3d.py's; the weights files are found, read and matched to these names by
-terra/scoring/estimator_weights.py.
-"""
+"""ACT-Bench's ACT-Estimator (``VideoActionEstimator``, Inception-I3D backbone) in plain torch, loaded from published
+weights."""
 
 from __future__ import annotations
 
@@ -152,8 +135,7 @@ class FeedForward(nn.Module):
 
 
 class PreGRULayer(nn.Module):
-    """The GRU's input at each step: the hidden state attends to the memory; the ``[B, 1, d]`` result is added
-    to every memory token, then self-attention and a feed-forward run over the memory (pre-norm residuals)."""
+    """The GRU's input at each step: the hidden state attends to the memory."""
 
     def __init__(self, d_model: int, num_heads: int, dropout: float = 0.1) -> None:
         super().__init__()
@@ -176,8 +158,7 @@ class PreGRULayer(nn.Module):
 
 
 class WaypointPredictor(nn.Module):
-    """``num_waypoints`` (x, y) points from the origin: a GRU whose input is the previous point, the pooled
-    :class:`PreGRULayer` output and the step's timestamp; each step adds the head's offset."""
+    """``num_waypoints`` (x, y) points from the origin."""
 
     def __init__(self, d_model: int, memory_len: int, timestamp_dim: int, num_heads: int) -> None:
         super().__init__()
@@ -232,10 +213,7 @@ class VideoActionEstimator(nn.Module):
 
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike) -> VideoActionEstimator:
-        """The estimator of ``folder`` (``config.json`` and one file of terra/scoring/estimator_weights.py's
-        ``WEIGHT_FILES``), on the CPU in fp32, in eval mode. Files are read without running code from them
-        (safetensors, or ``torch.load`` with ``weights_only``); a mismatch with the architecture is one
-        :class:`TerraInputError` line, and so are integer or NaN weights."""
+        """The estimator of ``folder``, on the CPU in fp32, in eval mode."""
         folder = Path(folder).expanduser()
         if not (folder / "config.json").exists():
             raise TerraInputError(f"estimator folder {folder} has no config.json (VideoActionEstimator's arguments, "

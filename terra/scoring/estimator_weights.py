@@ -1,13 +1,5 @@
-"""The ACT-Estimator's published weights: the file of a folder (:func:`weights_file`), its tensors read without
-running code (:func:`read_weights`: safetensors, or ``torch.load`` with ``weights_only``) and matched to the
-estimator's names (:func:`match_weights`).
-
-The Hub repository wraps the estimator in a Transformers model whose file ACT-Bench does not publish, so the weights
-may carry one prefix before the names of terra/scoring/estimator.py (``model.``): :func:`match_weights` takes them as
-published or all under one prefix, and refuses anything else naming the first unmatched keys (integer or NaN weights
-are refused where they load: ``VideoActionEstimator.from_pretrained``). BatchNorm's ``num_batches_tracked`` and the
-positional table may be absent (neither changes the output in eval).
-"""
+"""The ACT-Estimator's published weights: found in a folder, read without running code, matched to the estimator's
+names."""
 
 from __future__ import annotations
 
@@ -58,8 +50,7 @@ def read_weights(path: Path) -> dict[str, Tensor]:
 
 def match_weights(tensors: Mapping[str, Tensor], shapes: Mapping[str, tuple[int, ...]],
                   source: str) -> dict[str, Tensor]:
-    """``tensors`` under the estimator's names (``shapes``): the names as published or all under one prefix;
-    every required tensor present with its shape, nothing else. Raises one line naming the first mismatches."""
+    """``tensors`` under the estimator's names (``shapes``): the names as published or all under one prefix."""
     anchors = [k for k in tensors if k == ANCHOR or k.endswith("." + ANCHOR)]
     prefix = anchors[0][: -len(ANCHOR)] if len(anchors) == 1 else ""
     unmatched = sorted(k for k in tensors if not k.startswith(prefix) or k[len(prefix):] not in shapes)

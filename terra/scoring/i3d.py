@@ -1,7 +1,4 @@
-"""Inception-v1 I3D (Carreira & Zisserman, 2017) up to its ``Mixed_5c`` end point, as ACT-Bench's ACT-Estimator
-uses it for its backbone (terra/scoring/estimator.py), in plain torch: TensorFlow's SAME padding as I3D's port
-computes it, the Inception blocks of :data:`MIXED`, children named as the published weights name them.
-"""
+"""Inception-v1 I3D (Carreira & Zisserman, 2017) up to ``Mixed_5c``, in plain torch, named as the published weights."""
 
 from __future__ import annotations
 
@@ -75,8 +72,7 @@ class InceptionModule(nn.Module):
 
 
 class InceptionI3d(nn.Module):
-    """Inception-v1 I3D (Carreira & Zisserman, 2017) from RGB to the ``Mixed_5c`` end point: ``[B, 1024, T', H', W']``
-    with ``T' = ceil(T / 4)``, ``H' = ceil(H / 32)``. Children are registered under the end-point names."""
+    """Inception-v1 I3D from RGB to ``Mixed_5c``: ``[B, 1024, ceil(T / 4), ceil(H / 32), ceil(W / 32)]``."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -1,12 +1,5 @@
 """ACT-Bench's nine action classes, how a sample's ``label`` maps to one, and its reference trajectory in the
-estimator's frame (ACT-Bench's ``act_bench/compute_score.py``).
-
-A label is ``category/subcategory``. ``straight_constant_speed/<N>kmph`` splits at 20 km/h: ``N <= 20`` is
-``straight_constant_low_speed``, above it ``straight_constant_high_speed``; any other category is its own class
-when it is one of :data:`LABELS`, and a sample whose category is none of them (lane changes, for one) is left out
-of the score. Class ids are positions in :data:`LABELS` (the estimator's logits); summaries and the confusion
-matrix list the classes alphabetically (:data:`SUMMARY_ORDER`), as ACT-Bench's do.
-"""
+estimator's frame (ACT-Bench's ``act_bench/compute_score.py``)."""
 
 from __future__ import annotations
 
@@ -38,8 +31,7 @@ SPEED = re.compile(r"(\d+)kmph$")
 
 
 def command_label(label: Any) -> str | None:
-    """The class of an ACT-Bench ``label``, or None when it is none of the nine (the sample is left out).
-    Raises :class:`ValueError` with the reason for a label that is not ``category/subcategory``."""
+    """The class of an ACT-Bench ``label``, or None when it is none of the nine (the sample is left out)."""
     if not isinstance(label, str) or label.count("/") != 1:
         raise ValueError(f"label {label!r} is not 'category/subcategory' (e.g. 'curving_to_left/r20m')")
     category, subcategory = label.split("/")
@@ -54,9 +46,8 @@ def command_label(label: Any) -> str | None:
 
 
 def reference_waypoints(trajectory: Any, num_points: int) -> np.ndarray:
-    """The first ``num_points`` points of an ACT-Bench ``reference_traj`` (rows of x forward, y left, ...) in the
-    estimator's frame: ``(-y, x)``, float64 ``[num_points, 2]``. Raises :class:`ValueError` with the reason for
-    anything else than a list of at least ``num_points`` rows of two or more finite numbers."""
+    """The first ``num_points`` points of a ``reference_traj`` in the estimator's frame ``(-y, x)``, ``[num_points,
+    2]``."""
     try:
         points = np.asarray(trajectory, dtype=np.float64)
     except (TypeError, ValueError):

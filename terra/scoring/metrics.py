@@ -1,13 +1,4 @@
-"""ACT-Bench's metrics (``act_bench/metrics.py``, ``act_bench/compute_score.py``), in numpy.
-
-* Instruction fidelity: accuracy (estimated class = commanded class) over all scored samples, and per commanded
-  class the share estimated right (ACT-Bench calls it recall).
-* Action fidelity: per sample, ADE is the mean over the waypoints of the Euclidean distance between the estimated
-  and the reference trajectory (the origin at point 0 included), FDE the distance at the last waypoint; the means
-  over all samples and per commanded class.
-* The 9x9 confusion matrix of commanded (rows) against estimated (columns) classes, in
-  :data:`~terra.scoring.labels.SUMMARY_ORDER`, as counts and normalised per row (a row without samples is 0).
-"""
+"""ACT-Bench's metrics (``act_bench/metrics.py``, ``act_bench/compute_score.py``), in numpy."""
 
 from __future__ import annotations
 
@@ -41,8 +32,7 @@ def row_normalized(counts: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class Metrics:
-    """The score of a run. Per-class values are keyed by label in ``SUMMARY_ORDER``; None where a class has no
-    sample (ACT-Bench writes ``"N/A"``)."""
+    """The score of a run."""
 
     num_samples: int
     counts: dict[str, int]

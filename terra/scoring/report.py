@@ -1,17 +1,4 @@
-"""What a scoring run writes into its output folder, all or nothing:
-
-* ``summary.json``: ACT-Bench's keys and nesting (``act_bench/compute_score.py``): ``number_of_samples``,
-  ``number_of_samples_per_action_class`` (the classes present, alphabetically), ``instruction_fidelity``
-  (``recall`` per class, ``"N/A"`` for a class without samples, and ``accuracy`` as a fraction) and
-  ``action_fidelity`` (``ADE_per_cond_class``, ``ADE``, ``FDE_per_cond_class``, ``FDE``), indented by 4.
-* ``results.jsonl``: one row per scored sample with ACT-Bench's columns (:data:`COLUMNS`).
-* ``confusion_matrix.png``: the row-normalised confusion matrix, its numbers in the cells (rounded to two
-  decimals, as ACT-Bench's figure), titled with the sample count and the accuracy.
-
-The three files are written to temporary names first and renamed together at the end (terra/core/atomic.py), so
-a run that fails or is interrupted leaves the folder as it was; the folder's marker lists them (a rerun may
-replace them: terra/config/output_dir.py). :func:`text_summary` is the screen's version.
-"""
+"""What a scoring run writes into its output folder, all or nothing."""
 
 from __future__ import annotations
 

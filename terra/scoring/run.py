@@ -1,12 +1,5 @@
 """One scoring run: samples and videos matched, the estimator loaded, every video estimated, the metrics and the
-report written (:func:`score`). ``terra-score`` (terra/apps/score.py) calls it with checked settings.
-
-The estimator sees the last ``T`` frames of each video (``T = input_shape[1]``, 44) with timestamps
-``linspace(0, (T - 1) / 10, T)`` (0 to 4.3 s, as ACT-Bench feeds them) under bf16 autocast on a GPU (ACT-Bench's
-setting; fp32 on a CPU unless ``dtype=bfloat16``). Videos are decoded and preprocessed by ``num_workers``
-DataLoader workers while the GPU estimates the previous batches. The estimated class is the arg-max of the
-softmax of the logits, taken on the CPU in float32 as ACT-Bench does.
-"""
+report written (:func:`score`)."""
 
 from __future__ import annotations
 
@@ -62,7 +55,7 @@ def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: Scori
     bf16 = settings.dtype == "bfloat16" or (settings.dtype == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     classes, waypoints = np.zeros(len(paths), np.int64), np.zeros((len(paths), num_frames, 2), np.float32)
-    progress = Progress(len(paths), "videos scored", "video", enabled=settings.progress)  # terra/core/progress.py
+    progress = Progress(len(paths), "videos scored", "video", enabled=settings.progress)
     with torch.inference_mode(), progress:
         for indices, frames, errors in loader:
             if errors:
@@ -79,7 +72,7 @@ def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: Scori
 
 def results_lines(samples: list[BenchSample], paths: list[Path], classes: np.ndarray, waypoints: np.ndarray,
                   ade: np.ndarray, fde: np.ndarray):
-    """``results.jsonl``'s lines, one per sample (terra/scoring/report.py: COLUMNS)."""
+    """``results.jsonl``'s lines, one per sample."""
     for i, sample in enumerate(samples):
         label = LABELS[classes[i]]
         yield result_line({
@@ -92,7 +85,7 @@ def results_lines(samples: list[BenchSample], paths: list[Path], classes: np.nda
 
 
 def score(settings: ScoringSettings) -> ScoreResult:
-    """Score the videos of ``settings`` and write the report (terra/scoring/report.py)."""
+    """Score the videos of ``settings`` and write the report."""
     start = time.perf_counter()
     def say(line: str) -> None:  # the stages' lines: above the bar on a terminal, on stdout in a log
         announce(f"terra-score: {line}", settings.progress)

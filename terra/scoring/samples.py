@@ -1,12 +1,5 @@
 """ACT-Bench's samples, as scoring reads them: JSONL rows with ``sample_id``, ``label`` and ``reference_traj``
-(ACT-Bench's ``act_bench.jsonl``; a folder means every ``*.jsonl`` in it, in name order).
-
-Lines are strict JSON (terra/config/files.py: no NaN, no ``1e400``). Rows whose label maps to none of the nine
-classes are left out (terra/scoring/labels.py) and need no video; every other row needs a whole ``sample_id``
-(unique), a reference trajectory of at least as many points as the estimator scores, and a video. A bad row is
-one error line naming its file and line. ``context_frames`` and ``instruction_trajs`` are carried to
-``results.jsonl`` unchanged (null when absent), kept as JSON text: a few strings instead of millions of floats.
-"""
+(ACT-Bench's ``act_bench.jsonl``; a folder means every ``*.jsonl`` in it, in name order)."""
 
 from __future__ import annotations
 
@@ -28,8 +21,7 @@ PASSED_ON = ("context_frames", "instruction_trajs", "reference_traj")  # columns
 
 @dataclass(frozen=True)
 class BenchSample:
-    """One scored row: its id, class, reference waypoints ``[T, 2]`` (estimator frame) and the JSON text of the
-    :data:`PASSED_ON` fields."""
+    """One scored row: id, class, reference waypoints ``[T, 2]`` and the JSON text of the :data:`PASSED_ON` fields."""
 
     sample_id: int
     cond_label: str

@@ -1,9 +1,4 @@
-"""The settings of a scoring run, checked once, before torch is imported (conf/score_actbench.yaml).
-
-:func:`scoring_settings` turns the Hydra config into a frozen :class:`ScoringSettings`; everything after it takes
-the values as given. Inputs that need reading (the samples' rows, the videos, the estimator's files) are checked
-where they are read (terra/scoring/samples.py, videos.py, estimator.py), still before any video is decoded.
-"""
+"""The settings of a scoring run, checked once, before torch is imported."""
 
 from __future__ import annotations
 
@@ -22,7 +17,7 @@ from terra.scoring.report import FILES
 from terra.config.actbench import MAX_SAMPLES_BYTES
 from terra.scoring.samples import sample_files
 
-APP = "terra-score"  # the app whose run folders these are (terra/config/output_dir.py)
+APP = "terra-score"  # the app whose run folders these are
 RANGES = {
     "batch_size": Range(1, 1024, 16, whole=True),
     "num_workers": Range(0, 256, 8, whole=True),
@@ -44,7 +39,7 @@ class ScoringSettings:
     dtype: str = "auto"  # auto (bf16 autocast on a GPU, fp32 on a CPU) | float32 | bfloat16
     progress: bool = True
     num_threads: int | None = None  # torch CPU threads (the app's auto, resolved); None: torch's default
-    dry_run: bool = False  # check samples, videos and the estimator folder only (terra/scoring/check.py)
+    dry_run: bool = False  # check samples, videos and the estimator folder only
 
 
 def _folder(cfg: Any, name: str, what: str) -> Path:
@@ -83,5 +78,5 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
         batch_size=values["batch_size"], num_workers=values["num_workers"],
         device=check_device(select(cfg, "device")), dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES[:3]),
         progress=check_flag(select(cfg, "progress"), "progress"),
-        num_threads=check_num_threads(select(cfg, "num_threads")),  # auto, as every app (terra/config/backend.py)
+        num_threads=check_num_threads(select(cfg, "num_threads")),  # auto, as every app
     )

@@ -1,18 +1,4 @@
-"""The videos to score: finding them, matching them to samples, decoding and preprocessing them.
-
-Matching (ACT-Bench's ``act_bench/compute_score.py``): every ``*.mp4`` of the folder (not below it) is named
-``<anything>_<sample_id>.mp4``, the id being the number at the end of the stem: ``NUSCENES_ACTION_000123.mp4``,
-what ``output.naming=actbench`` of ``terra-rollout`` writes, and the names of ACT-Bench's published Terra
-and Vista videos. Hidden files (an interrupted write's temporary files, terra/core/atomic.py) are not videos.
-
-Decoding and preprocessing (ACT-Bench's ``GeneratedVideosDataset``): PyAV decodes every frame to RGB, as
-``torchvision.io.read_video`` does; the last ``frames`` of them are kept, each is resized to 256x256 (bilinear
-with antialiasing on the float values of the uint8 pixels, then rounded: torchvision's ``Resize`` on a uint8
-tensor) and centre-cropped to 224x224, one frame at a time (a 2560x1440 video needs no more memory than its last
-frames in the video's own pixel format). Another crop size (a small estimator's ``input_shape``) is resized by
-the same 256/224 ratio first. :class:`VideoClips` does this in DataLoader workers and hands errors back as text, so a
-short or broken video ends the run with one line naming it.
-"""
+"""The videos to score: finding them, matching them to samples, decoding and preprocessing them."""
 
 from __future__ import annotations
 
@@ -69,8 +55,7 @@ def resize_size(crop: tuple[int, int]) -> tuple[int, int]:
 
 
 def count_frames(path: Path) -> int:
-    """The frames of a video, counted from its container's packets without decoding them (a dry run's check,
-    terra/scoring/check.py); raises :class:`TerraInputError` for a file PyAV cannot open as a video."""
+    """A video's frames, counted from its packets; :class:`TerraInputError` if PyAV cannot open it."""
     import av
 
     try:
@@ -83,9 +68,7 @@ def count_frames(path: Path) -> int:
 
 
 def decode_last(path: Path, num_frames: int) -> list:
-    """The last ``num_frames`` frames of a video as PyAV frames, still in the video's own pixel format (a
-    1440p frame in YUV 4:2:0 is 5.5 MB; as RGB 11 MB, as floats 44 MB). Raises :class:`TerraInputError` for a
-    video that is short or cannot be decoded."""
+    """The last ``num_frames`` frames of a video as PyAV frames, in the video's own pixel format."""
     import av
 
     try:
@@ -107,10 +90,7 @@ def decode_last(path: Path, num_frames: int) -> list:
 
 
 def preprocess(frames: Sequence, crop: tuple[int, int]) -> Tensor:
-    """Frames (uint8 RGB ``[H, W, 3]`` arrays, or PyAV frames turned to RGB as torchvision's ``read_video``
-    does) → uint8 ``[3, T, crop_h, crop_w]``: resized by :func:`resize_size` as torchvision's ``Resize`` does a
-    uint8 tensor, then centre-cropped as its ``CenterCrop`` does. One frame at a time, so memory stays that of
-    one full-size frame whatever the video's size."""
+    """Frames → uint8 ``[3, T, crop_h, crop_w]``, resized and centre-cropped as torchvision does."""
     size = resize_size(crop)
     top, left = int(round((size[0] - crop[0]) / 2.0)), int(round((size[1] - crop[1]) / 2.0))
     clip = torch.empty((3, len(frames), *crop), dtype=torch.uint8)

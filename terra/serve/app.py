@@ -1,25 +1,5 @@
-"""The HTTP and WebSocket interface of ``terra-serve`` (FastAPI), the page at ``/``, and the
-uvicorn server that runs them (:class:`GracefulServer`).
-
-REST (JSON; with ``serve.token`` set, every route but ``/``, ``/static`` and ``/health`` needs
-``Authorization: Bearer <token>``):
-
-* ``GET /health``, ``GET /metrics``: liveness (200 once the model is loaded) and sessions, frames/s, queue.
-* ``GET /sessions``, ``POST /sessions`` (a spec: terra/serve/service.py), ``GET|DELETE /sessions/{id}``.
-* ``POST /sessions/{id}/step`` ``{"action": ..., "codes": false}`` → the frame's header, image (data URL) and
-  optionally its codes; ``POST /sessions/{id}/fork``, ``POST /sessions/{id}/reset``.
-* ``GET /sessions/{id}/video?format=mp4|gif``: the session so far as a file.
-* ``WS /sessions/{id}/ws``: terra/serve/sockets.py. Browsers pass the token as the subprotocol
-  ``bearer.<token>`` next to ``terra``.
-
-Before any route, terra/serve/guard.py refuses requests from other web pages (Host, Origin and Content-Type
-checks; ``serve.allowed_hosts``, ``serve.allowed_origins``); ``serve.cors=true`` adds CORS headers for the allowed
-origins.
-
-Errors are ``{"error": "one line"}``: 400 bad input or a Host not served, 401 token, 403 another page's origin,
-404 no session or route, 405 a method a route does not take, 413 too large, 415 not JSON, 422 a malformed query,
-429 a limit. A client that disconnects is no error of the server's: one info line in the log, no traceback.
-"""
+"""The HTTP and WebSocket interface of ``terra-serve`` (FastAPI), the page at ``/``, and the uvicorn server that runs
+them (:class:`GracefulServer`)."""
 
 from __future__ import annotations
 
@@ -223,8 +203,7 @@ def create_app(service: SessionService) -> FastAPI:
 
 
 class GracefulServer(uvicorn.Server):
-    """uvicorn's server of the app: it says where it listens once it does, and on shutdown first sends every open
-    socket a close frame naming the reason."""
+    """uvicorn's server, which says where it listens and closes every open socket on shutdown."""
 
     def __init__(self, config: uvicorn.Config, service: SessionService) -> None:
         super().__init__(config)

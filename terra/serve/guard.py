@@ -1,22 +1,4 @@
-"""Which requests ``terra-serve`` answers at all: the checks that keep web pages from reaching a local server.
-
-Browsers let any page send requests to ``127.0.0.1``, so a server without a token (the loopback default) must
-tell its own page from another site's. Three checks run before any route, for HTTP and WebSocket alike:
-
-* **Host** (DNS rebinding: a site whose name re-resolves to 127.0.0.1 sends its own name as ``Host``): the name
-  must be ``localhost`` or the bound address on the server's port (any loopback address when bound to loopback,
-  any IP address when bound to all interfaces: a rebinding needs a name), or one of ``serve.allowed_hosts``
-  (``name`` on any port, ``name:port``). Anything else is 400.
-* **Origin** (cross-site WebSocket hijacking and request forgery): a WebSocket handshake or a POST/PUT/PATCH/DELETE
-  whose ``Origin`` is present and is neither the server's own origin (the scheme and ``Host`` of the request,
-  or ``http://localhost|127.0.0.1|[::1]:PORT`` when bound to loopback) nor one of ``serve.allowed_origins`` is
-  refused: 403 for HTTP, 403 before the upgrade for a WebSocket. Requests without ``Origin`` (curl, Python
-  clients) pass: no browser omits it on those requests.
-* **Content-Type**: a POST that names a content type other than ``application/json``, or sends a body without
-  one, is 415 (a form or ``text/plain`` POST is what a page may send without asking the server first).
-
-The bearer token (terra/serve/app.py) applies on top of these.
-"""
+"""Which requests ``terra-serve`` answers at all: the checks that keep web pages from reaching a local server."""
 
 from __future__ import annotations
 
@@ -53,7 +35,7 @@ class RequestGuard:
         self.any_address = self.bound in ("0.0.0.0", "[::]")  # every interface: any IP literal reaches it
         self.loopback = is_loopback(settings.host)
         self.hosts = [split_host(entry) for entry in settings.allowed_hosts]
-        self.origins = set(settings.allowed_origins)  # normalised as browsers send them (terra/serve/settings.py)
+        self.origins = set(settings.allowed_origins)  # normalised as browsers send them
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):

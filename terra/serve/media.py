@@ -1,9 +1,6 @@
-"""Bytes in and out of the server: the binary frame message, uploads, session videos (frames as JPEG/PNG:
-:func:`terra.decoder.writers.encode_image`).
+"""Bytes in and out of the server: the binary frame message, uploads, session videos.
 
-A frame message (WebSocket, binary) is ``uint32 big-endian header length | header JSON (UTF-8) | image bytes``,
-so one message carries a frame and what it is (index, timings, pose) and a reader needs no pairing.
-"""
+A frame message is ``uint32 big-endian header length | header JSON (UTF-8) | image bytes``."""
 
 from __future__ import annotations
 
@@ -30,7 +27,7 @@ _DATA_URL = re.compile(r"data:image/[\w.+-]+;base64,", re.ASCII)
 
 
 def frame_message(header: dict[str, Any], image: bytes) -> bytes:
-    """The binary WebSocket message of one frame (module docstring)."""
+    """The binary WebSocket message of one frame."""
     text = json_text(header, separators=(",", ":")).encode()
     return struct.pack(">I", len(text)) + text + image
 
@@ -42,8 +39,7 @@ def read_frame_message(message: bytes) -> tuple[dict[str, Any], bytes]:
 
 
 def decode_upload(value: Any, index: int, image_size: tuple[int, int], resize: str) -> np.ndarray:
-    """An uploaded frame (a base64 string or ``data:image/...;base64,`` URL of a PNG/JPEG/... file) → uint8
-    ``[H, W, 3]`` at the tokenizer's ``image_size``, so the full-size picture is held only while it is resized."""
+    """An uploaded frame (base64 or a data URL) → uint8 ``[H, W, 3]`` at the tokenizer's ``image_size``."""
     where = f"context image {index}"
     if not isinstance(value, str):
         raise TerraInputError(f"{where} must be a base64 string or a data:image URL (got {type(value).__name__})")

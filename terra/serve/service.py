@@ -1,10 +1,4 @@
-"""The server's sessions: creation from a JSON spec, limits, stepping on the event loop, the idle reaper.
-
-One :class:`SessionService` per server. It runs on the event loop; model work happens on the session engine's
-driver thread (terra/generation/session_engine.py) and decoding/encoding on a small thread pool, so a slow client
-or a bad request never blocks the others. Every user mistake is a :class:`TerraInputError` (one line), which the
-HTTP layer answers with 4xx and the WebSocket layer with an error frame.
-"""
+"""The server's sessions: creation from a JSON spec, limits, stepping on the event loop, the idle reaper."""
 
 from __future__ import annotations
 
@@ -49,7 +43,7 @@ class Entry:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     last_used: float = field(default_factory=time.monotonic)
     waiting: int = 0
-    sockets: set = field(default_factory=set)  # open socket connections (terra/serve/sockets.py)
+    sockets: set = field(default_factory=set)  # open socket connections
 
     def touch(self) -> None:
         self.last_used = time.monotonic()
@@ -83,9 +77,8 @@ class SessionService:
     # ------------------------------------------------------------------ sessions
 
     async def create(self, spec: Any) -> Entry:
-        """Open a session from a spec ``{"context": {...}, "seed": 0, "sampling": {...}, "num_context": 3,
-        "max_frames": 100}`` (all optional; the context is ``{"builtin": {manoeuvre, scene, speed_kmh}}``,
-        ``{"images": [base64 | data URL, ...], "actions"?, "speed_kmh"?}`` or ``{"codes": [...], ...}``)."""
+        """Open a session from a JSON spec with ``context``, ``seed``, ``sampling``, ``num_context``, ``max_frames``
+        (all optional)."""
         if not isinstance(spec, dict):
             raise TerraInputError("the body must be a JSON object, e.g. {\"context\": {\"builtin\": {}}}")
         unknown = sorted(set(spec) - SPEC_KEYS)
@@ -169,8 +162,7 @@ class SessionService:
             entry.touch()
 
     async def step(self, entry: Entry, action: np.ndarray) -> tuple[Frame, bytes, dict[str, Any]]:
-        """Generate the entry's next frame under ``action`` (a checked ``[6, 3]`` array: the routes parse what
-        clients send once, terra/session/driver_input.py); the frame, its image bytes and its header."""
+        """Generate the entry's next frame under ``action``; the frame, its image bytes and its header."""
         if entry.waiting >= MAX_WAITING_STEPS:
             raise LimitError(f"session {entry.session.id} already has {entry.waiting} steps waiting; "
                              "wait for their frames")
@@ -196,8 +188,7 @@ class SessionService:
         return frame, image, header
 
     async def context_image(self, entry: Entry) -> str:
-        """The session's last context frame as the model sees it (decoded from its codes), encoded as the frames
-        are, as a data URL: the page shows it from the start, before any frame is generated."""
+        """The session's last context frame as the model sees it, as a data URL."""
         session = entry.session
         rgb = await self._run(lambda: self.host.decode(session.context.codes[-1:])[0])
         image = await self._run(lambda: encode_image(rgb, self.settings.image_format, self.settings.jpeg_quality))

@@ -1,4 +1,4 @@
-"""``terra-serve`` settings (the ``serve`` block of conf/serve.yaml), checked before any model loads."""
+"""``terra-serve`` settings, checked before any model loads."""
 
 from __future__ import annotations
 

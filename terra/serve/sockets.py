@@ -1,20 +1,4 @@
-"""One WebSocket per session: actions or key states in, frames out as soon as each is generated (for clients:
-docs/serve.md, "The WebSocket protocol").
-
-Client → server, JSON text messages:
-
-* ``{"type": "step", "action": ACTION}``: one frame under ``ACTION`` (any form of terra/session/driver_input.py).
-* ``{"type": "keys", "keys": {"up": true, "left": false, ...}}``: held arrow keys for driving.
-* ``{"type": "drive", "on": true}``: generate frames continuously under the held keys, at most
-  ``serve.drive_window`` ahead of the client's acknowledgements ``{"type": "ack", "index": N}``; a client that
-  stops acknowledging (or reading) stops costing model time.
-* ``{"type": "reset"}``: back to the context frames.
-
-Server → client: a binary frame message per frame (terra/serve/media.py: header JSON with ``index``, ``pose``,
-``timings`` + JPEG/PNG bytes), and JSON text ``{"type": "ready" | "reset" | "error", ...}``; ``ready`` and
-``reset`` carry ``context_frame``, the last context frame as a data URL (what the car sees before it moves). Bad input
-gets an error frame and the socket stays open; the session, the server and other sockets are unaffected.
-"""
+"""One WebSocket per session: actions or key states in, frames out as soon as each is generated."""
 
 from __future__ import annotations
 

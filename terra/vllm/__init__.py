@@ -1,7 +1,3 @@
-"""Terra's world model on vLLM: the model class (:mod:`terra.vllm.llama_action`), the plugin that registers it
-in every vLLM process (:mod:`terra.vllm.plugin`), and the shims over vLLM versions (:mod:`terra.vllm.compat`).
-
-Importing this package imports nothing from vLLM; its modules do.
-"""
+"""Terra's world model on vLLM: the model class, the plugin that registers it, and the shims over vLLM versions."""
 
 FUTURE_SLOTS = "terra_future_slots"  # SamplingParams.extra_args: the slot values between a request's frames

@@ -1,28 +1,4 @@
-"""Several verifying passes per engine step: speculative Jacobi decoding without a host round trip per pass.
-
-A step of Model Runner V2 costs the host its scheduling, input preparation and output handling, and with
-:mod:`terra.vllm.jacobi_state` every step is one verifying pass: where a pass's GPU work is shorter than the host's
-part of a step (the demo model; one AlpaSim session), the GPU waits on the host (benchmarks/decoding.md,
-"Several passes a step"). Here a step whose batch replays a full CUDA graph (every request decoding ``draft_tokens`` + 1
-tokens: one stream, sessions, a batch between prompts) runs ``passes_per_step`` passes over the same positions
-before vLLM samples it: after each pass :meth:`JacobiSampler.iterate_block` rewrites the fed guesses with the
-block's next Jacobi iterate (each guess the draw of the row before it), the input embeddings and the attention
-metadata are rebuilt as the step built them, and the captured graph is replayed again; the step's last pass goes
-to vLLM's own sampling, which accepts and emits as before. Everything is queued on the GPU's stream with no host
-sync between the passes.
-
-Why it is exact: the positions, their Gumbel noise (keyed by the request's seed and the position), the attention
-metadata and the KV slots are the step's own; each pass rewrites the KV of the block's positions from the tokens it
-was fed. The step's last pass is an ordinary verifying pass over guesses that happen to be better, so the rule's
-argument (terra/generation/speculative.py) holds unchanged: every emitted token is the one sequential decoding draws
-there. After ``m`` passes a request's block holds at least ``m`` of sequential decoding's tokens, so a step emits
-at least ``min(m, block)`` tokens, where one pass emits at least one. A step that replays no full graph, or holds a
-frame's prompt, runs one pass, as vLLM would.
-
-vLLM builds this runner through the engine's ``worker_cls`` (:class:`JacobiWorker`; terra/vllm/compat.py,
-``jacobi_engine_kwargs``, sets it only for ``passes_per_step`` > 1) and reads ``passes_per_step`` from its
-``additional_config`` (``compat.engine_passes_per_step``). Imported only in vLLM's worker process.
-"""
+"""Several verifying passes per engine step: speculative Jacobi decoding without a host round trip per pass."""
 
 from __future__ import annotations
 
@@ -37,8 +13,7 @@ from terra.vllm import compat
 
 
 class ReplayedGraphs(ModelCudaGraphManager):
-    """vLLM's CUDA graph manager that remembers the full graph the current step replayed (None: the step ran
-    without one), so that the step can replay it again."""
+    """vLLM's CUDA graph manager, remembering the full graph the current step replayed (None: none)."""
 
     replayed: Any = None
 
@@ -78,18 +53,14 @@ class JacobiModelRunner(GPUModelRunner):
         return super().sample(hidden_states, input_batch, *args, **kwargs)
 
     def prepare_attention_again(self, input_batch: Any, replayed: Any) -> None:
-        """Rebuild the step's attention metadata into the buffers its graph reads, as ``execute_model`` built it, so
-        that every replay reads what a fresh step would: FlashAttention 3's scheduler metadata carries a tile-count
-        semaphore that its kernels consume. Measured on an H200: one request's graph replayed equal without it; the
-        padded steps' exactness (benchmarks/decoding.md, "Several passes a step") was measured with it."""
+        """Rebuild the step's attention metadata into the buffers its graph reads, as a fresh step would."""
         block_tables, slot_mappings = self.prepare_attn(input_batch)
         self.model_state.prepare_attn(input_batch, replayed.cg_mode, block_tables, slot_mappings, self.attn_groups,
                                       self.kv_cache_config)
 
 
 class JacobiWorker(Worker):
-    """vLLM's GPU worker with :class:`JacobiModelRunner` in place of Model Runner V2's own runner (the V1 runner is
-    left alone: compat.check_jacobi_engine refuses it once the engine has started)."""
+    """vLLM's GPU worker with :class:`JacobiModelRunner` in place of Model Runner V2's runner."""
 
     def _make_model_runner(self) -> Any:  # where vLLM 0.3x builds the runner
         if self.use_v2_model_runner:

@@ -1,13 +1,4 @@
-"""Terra's model state and sampler in vLLM's Model Runner V2, through hooks the model owns (no fork of vLLM).
-
-The runner asks the model for its per-request state (``get_model_state_cls``) and that state for a sampler
-(``custom_sampler``). :class:`JacobiModelState` lets one request generate several frames whose actions are known:
-the slot values between them come with the request and are embedded where the request's draws put placeholders.
-:class:`JacobiSampler` forces those placeholders and, when the engine schedules draft slots, decodes speculative
-Jacobi blocks by the rule of :mod:`terra.generation.speculative`: vLLM's draws (noise keyed by seed and position),
-the leading guesses that equal them accepted, the next guesses from the draws and the previous frame's codes. The
-codes are sequential decoding's; nothing syncs the host. docs/decoding.md, "On vLLM".
-"""
+"""Terra's model state and sampler in vLLM's Model Runner V2, through hooks the model owns (no fork of vLLM)."""
 
 from __future__ import annotations
 
@@ -29,9 +20,7 @@ from terra.vllm.compat import engine_draft_tokens
 def previous_frame_codes(
     history: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, frame_span: int, known: torch.Tensor
 ) -> torch.Tensor:
-    """The token one frame earlier than each of ``positions [R, K]`` (``history [slots, L]`` holds each request's
-    tokens from position 0: vLLM's ``all_token_ids``), or the request's last known token where that one is not
-    known yet or lies before 0. ``known [R]`` is how many tokens of each request ``history`` holds."""
+    """The token one frame before each of ``positions [R, K]`` in ``history [slots, L]``, or the last known one."""
     earlier = positions - frame_span
     usable = (earlier >= 0) & (earlier < known[:, None])
     last = (known - 1).clamp(min=0)[:, None].expand_as(earlier)
@@ -40,13 +29,7 @@ def previous_frame_codes(
 
 
 class JacobiSampler:
-    """vLLM's sampler over every row of a block, plus acceptance and the next block's drafts; every draw at a slot
-    position is the slot's placeholder, so a request runs on through the slots between its frames.
-
-    Everything but :meth:`__call__` (``add_request``, ``apply_staged_writes``, ``sampling_states``,
-    ``penalties_state``, ``req_states``, ...) is the wrapped sampler's, so the runner drives it as its own.
-    Logprobs are not returned for speculative steps.
-    """
+    """vLLM's sampler over every row of a block, plus acceptance and the next block's drafts."""
 
     def __init__(self, sampler: Any, layout: TokenLayout, draft_tokens: int) -> None:
         self.base = sampler
@@ -66,10 +49,7 @@ class JacobiSampler:
         return drawn, torch.where(slot, torch.full_like(flat, self.layout.slot_token_id), flat)
 
     def iterate_block(self, logits: torch.Tensor, input_batch: Any) -> None:
-        """Rewrite the step's fed guesses in place (``input_batch.input_ids``) as the block's next Jacobi iterate:
-        each guess becomes the token drawn from the row before it, at the same positions (row 0's input, the last
-        committed token, stays). The pass that follows then holds at least one more of sequential decoding's tokens
-        in each request's block. No host sync."""
+        """Rewrite the step's fed guesses in place (``input_batch.input_ids``) as the block's next Jacobi iterate."""
         drawn = self.draw(logits, input_batch)[1]
         rows = input_batch.logits_indices
         ids = input_batch.input_ids
@@ -122,9 +102,7 @@ class JacobiSampler:
 
 def embed_known_slots(embeds: torch.Tensor, positions: torch.Tensor, requests: torch.Tensor, prompt_len: torch.Tensor,
                       future_slots: torch.Tensor, layout: TokenLayout) -> None:
-    """Write into ``embeds [n, hidden]`` the embedding of every slot its request drew past its prompt: token ``i``
-    at ``positions[i]`` of request ``requests[i]``, whose known frames' slots ``future_slots [reqs, frames, slots,
-    hidden]`` hold by window frame."""
+    """Write into ``embeds [n, hidden]`` the known-frame slot embeddings ``future_slots`` of drawn slots."""
     requests, positions = requests.to(torch.int64), positions.to(torch.int64)
     spatial = positions % layout.frame_span
     known = (positions >= prompt_len[requests]) & (spatial >= layout.image_tokens)
@@ -137,8 +115,7 @@ NO_PROMPT = 1 << 40  # a request's prompt length that no position reaches: nothi
 
 
 class JacobiModelState(DefaultModelState):
-    """vLLM's default model state, with :class:`JacobiSampler` and a request's known frames: the slot values
-    between them (``SamplingParams.extra_args``) embedded where the request's own draws put their placeholders."""
+    """vLLM's default model state, with :class:`JacobiSampler` and a request's known frames."""
 
     def __init__(self, vllm_config: Any, model: Any, encoder_cache: Any, device: torch.device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)

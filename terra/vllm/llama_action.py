@@ -1,19 +1,4 @@
-"""Terra's world model for vLLM: vLLM's Llama decoder plus the action and spatio-temporal embeddings
-(docs/ARCHITECTURE.md, "Token layout").
-
-The same checkpoint as :class:`terra.LlamaActionForCausalLM` loads here. A prompt is the token ids of a window (image
-codes, the config's slot placeholder ``action_token_id`` at every slot) plus one ``"actions"`` multimodal item per
-frame: the values of its slots, ``[num_action_tokens + num_route_tokens, action_dim]`` floats (its action points, then
-its route points, if the model has route slots; Terra's have none). vLLM merges the item's embedding (``embed_slots``:
-``action_projection`` of the action points, ``route_projection`` or the "no route" embedding of the route points) into
-the placeholder slots (:meth:`TerraForCausalLM.embed_input_ids`); the decoder then adds
-``spatial[p % S] + temporal[p // S]`` to every position from ``positions`` inside the compiled forward (no
-data-dependent shapes, so CUDA graphs and torch.compile apply). Logits at ids ``>= codebook_size`` are ``-inf``, so only
-image codes are ever sampled.
-
-vLLM finds these classes through the plugin in :mod:`terra.vllm.plugin`; nothing here is imported by
-``import terra``.
-"""
+"""Terra's world model for vLLM: vLLM's Llama decoder plus the action and spatio-temporal embeddings."""
 
 from __future__ import annotations
 
@@ -138,8 +123,7 @@ class ActionDummyInputsBuilder(BaseDummyInputsBuilder[ActionProcessingInfo]):
 
 
 def find_slots(token_ids: Sequence[int], slot_token_id: int, slot_tokens: int) -> list[int]:
-    """Offsets of each frame's ``slot_tokens`` consecutive placeholder ids (its slots: actions, then routes) in a
-    prompt, in order."""
+    """Offsets of each frame's ``slot_tokens`` consecutive placeholder ids in a prompt."""
     ids = np.asarray(token_ids, dtype=np.int64)
     is_slot = np.concatenate([[False], ids == slot_token_id, [False]])
     edges = np.flatnonzero(np.diff(is_slot.astype(np.int8)))
@@ -155,12 +139,7 @@ def find_slots(token_ids: Sequence[int], slot_token_id: int, slot_tokens: int) -
 
 
 class ActionMultiModalProcessor(BaseMultiModalProcessor[ActionProcessingInfo]):
-    """Pairs the i-th slots item with the i-th group of placeholder slots; needs no text tokenizer.
-
-    The prompt already holds the placeholders (ids are built by :class:`terra.contract.layout.TokenLayout`), so
-    :meth:`apply` only locates them; it is overridden as a whole because no Hugging Face processor exists.
-    An empty prompt (the profiling dummy) becomes one placeholder group per item.
-    """
+    """Pairs the i-th slots item with the i-th group of placeholder slots; needs no text tokenizer."""
 
     requires_tokenizer = False
 
@@ -244,8 +223,7 @@ class TerraLlamaModel(LlamaModel):
     ActionMultiModalProcessor, info=ActionProcessingInfo, dummy_inputs=ActionDummyInputsBuilder
 )
 class TerraForCausalLM(nn.Module, SupportsMultiModal):
-    """``LlamaActionForCausalLM`` (v1, linear action projection) and v2 (MLP), with or without route slots, for
-    vLLM."""
+    """``LlamaActionForCausalLM`` (v1, linear action projection) and v2 (MLP), with or without route slots, for vLLM."""
 
     # Checkpoint names are the Transformers model's; only the position table moves into the compiled decoder.
     hf_to_vllm_mapper = WeightsMapper(
@@ -279,9 +257,7 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
         return self.model
 
     def get_model_state_cls(self) -> type:
-        """Model Runner V2's per-request state for this model: vLLM's default, whose sampler decodes speculative
-        Jacobi blocks when the engine schedules draft slots (:mod:`terra.vllm.jacobi_state`). The V1 runner never
-        asks."""
+        """Model Runner V2's per-request state for this model."""
         from terra.vllm.jacobi_state import JacobiModelState
 
         return JacobiModelState

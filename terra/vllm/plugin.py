@@ -1,10 +1,4 @@
-"""vLLM plugin (entry point ``vllm.general_plugins: terra``): makes vLLM know Terra's world model.
-
-vLLM calls :func:`register` in every process it starts (engine core, workers), so ``LLM(model=folder)`` and
-``vllm serve folder`` load Terra checkpoints with no user code. Registration is lazy, by string: vLLM
-imports :mod:`terra.vllm.llama_action` only when it builds such a model. :func:`check_vllm_plugin` says so in one
-line where the entry point is missing (a Ray node that got the code but not the installed project).
-"""
+"""vLLM plugin (entry point ``vllm.general_plugins: terra``): makes vLLM know Terra's world model."""
 
 from __future__ import annotations
 
@@ -18,8 +12,7 @@ PLUGIN = ("terra", "terra.vllm.plugin:register")  # pyproject.toml: [project.ent
 
 
 def check_vllm_plugin() -> None:
-    """Raise unless this environment has the project's vLLM plugin entry point (vLLM finds the world model only
-    through it, in every process it starts); code shipped by a Ray runtime_env working_dir lacks it."""
+    """Raise unless this environment has the project's vLLM plugin entry point."""
     found = {(ep.name, ep.value) for ep in importlib.metadata.entry_points(group="vllm.general_plugins")}
     if PLUGIN not in found:
         raise TerraInputError("backend=vllm needs the project installed on this node (its vLLM plugin is the entry "
