@@ -47,13 +47,6 @@ def worlds_to_drive(recorded: dict[str, Recorded], also: Sequence[str] = ()) -> 
 def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: dict[str, Path],
                  ids: dict[str, list[str]], also: Sequence[str] = ()) -> Started:
     """The drives of ``ids`` (world -> drive ids) into ``folders`` made ready."""
-    if settings.executor == "ray":
-        from terra.closedloop.recording.ray_executor import RayDrives
-
-        runner = RayDrives(settings)
-        runner.start()  # the actors open the worlds on their devices
-        return Started(runner, runner)
-    from terra.closedloop.recording.run import LocalDrives
     from terra.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(settings.run.tokenizer)
@@ -62,6 +55,14 @@ def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: di
     for world, found in recorded.items():
         if found.redone:
             print(found.line(world), flush=True)
+    if settings.executor == "ray":
+        from terra.closedloop.recording.ray_executor import RayDrives
+
+        runner = RayDrives(settings)
+        runner.start()  # the actors open the worlds on their devices
+        return Started(runner, runner)
+    from terra.closedloop.recording.run import LocalDrives
+
     opened: OpenWorlds = open_worlds(settings, worlds_to_drive(recorded, also), tokenizer)
     runner = LocalDrives(opened.worlds, specs, settings.model_settings, opened.plan_following, recorded)
     return Started(runner, opened, opened.worlds, specs)

@@ -35,7 +35,7 @@ def comparable(path: Path) -> dict:
     return {k: v for k, v in content.items() if k != "policy_s"}
 
 
-def test_two_actors_write_what_one_process_writes(tmp_path, ray_cluster):
+def test_two_actors_write_what_one_process_writes(tmp_path, ray_cluster, capsys):
     local = settings(tmp_path / "local")
     assert drive(local).exit_code == 0
     on_ray = settings(tmp_path / "ray", "executor=ray", "ray.num_actors=2")
@@ -52,6 +52,12 @@ def test_two_actors_write_what_one_process_writes(tmp_path, ray_cluster):
     assert summary["frames"] == 8 and summary["timings_s"]["generate"] > 0 and summary["plan_s"]["count"] == 8
     again = drive(on_ray)  # resumed on the actors: nothing driven again
     assert "0 drives ok, 0 failed, 4 already complete" in again.lines[0]
+    video = tmp_path / "ray" / f"{local.drive_ids[0]}.mp4"
+    video.write_bytes(video.read_bytes()[:64])  # cut short: made again, and said so
+    capsys.readouterr()
+    again = drive(on_ray)
+    assert "1 drive redone: its files are not whole" in capsys.readouterr().out
+    assert "1 drives ok, 0 failed, 3 already complete" in again.lines[0] and video.stat().st_size > 64
 
 
 def test_a_dead_actor_restarts_and_its_share_runs_again(tmp_path, ray_cluster):
