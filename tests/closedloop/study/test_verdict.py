@@ -212,7 +212,9 @@ def test_of_the_test_the_cpu_preset_flags_every_control_and_explains_itself(tmp_
             assert f"the model told from {control} by: no statistic (none passes the model and fails {control}: " \
                    f"{control} fails" in result.stdout, control
     horizon = {world: verdicts[world]["horizon"]["closed_loop"] for world in verdicts}
-    assert 0.1 < horizon["model"]["p10_s"]["estimate"] < 2.5, horizon["model"]  # between frozen and the drive's end
+    model_p10 = horizon["model"]["p10_s"]["estimate"]  # None: over a tenth of its drives kept the truth's road
+    assert model_p10 is None or 0.1 < model_p10 < 2.5, horizon["model"]  # past frozen's, up to the drive's end
+    assert horizon["model"]["departed"] < horizon["frozen"]["departed"], horizon
     for world in ("frozen", "gray"):
         assert horizon[world]["median_s"]["estimate"] == pytest.approx(0.1), world
     assert verdicts["model"]["horizon"]["open_loop"]["drives"] == 4  # route_follower's
