@@ -141,11 +141,7 @@ class RolloutState:
 
     def set_next_actions(self, actions: np.ndarray) -> None:
         """Set the actions ``[n, 6, 3]`` (checked) that condition the next ``n`` frames."""
-        start = self.next_frame - 1
-        end = min(start + len(actions), len(self.actions))
-        self.actions[start:end] = actions[: end - start]
-        if end < len(self.actions):
-            self.actions[end] = actions[-1]
+        self._set_next(self.actions, actions)
 
     def set_next_route(self, route: np.ndarray | None) -> None:
         """Set the next frame's route, a checked ``[K, 3]`` (None: no route)."""
@@ -153,13 +149,17 @@ class RolloutState:
 
     def set_next_routes(self, routes: Sequence[np.ndarray | None]) -> None:
         """Set the routes of the next ``n`` frames (each ``[K, 3]`` or None: no route)."""
+        none = np.full(self.routes.shape[1:], np.nan, dtype=self.routes.dtype)
+        self._set_next(self.routes, np.stack([none if route is None else route for route in routes]))
+
+    def _set_next(self, rows: np.ndarray, values: np.ndarray) -> None:
+        """Write ``values`` into the rows of ``rows`` (a view of :attr:`conditions`) from the newest frame on; the row
+        after them repeats the last, for speculative decoding's first guesses only."""
         start = self.next_frame - 1
-        values = [np.nan if route is None else route for route in routes]
-        end = min(start + len(values), len(self.routes))
-        for row, value in zip(range(start, end), values):
-            self.routes[row] = value
-        if end < len(self.routes):
-            self.routes[end] = values[-1]
+        end = min(start + len(values), len(rows))
+        rows[start:end] = values[: end - start]
+        if end < len(rows):
+            rows[end] = values[-1]
 
     def generated(self) -> np.ndarray:
         """The generated frames ``[num_frames, P]`` (context excluded, overlap frames once)."""

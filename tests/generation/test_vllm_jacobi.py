@@ -280,15 +280,21 @@ def test_draft_tokens_give_the_sequential_codes(model_and_request, sampling, v2)
         assert all(s <= patches for s in steps) and sum(steps) < 5 * patches
 
 
+def route_request(rng_seed: int, rows: int, num_frames: int, seed: int) -> tuple:
+    """The tiny route model and a request of 2 context frames, ``rows`` random actions and ``rows + 1`` routes."""
+    model = tiny_route_model(seed=3)
+    rng = np.random.default_rng(rng_seed)
+    context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
+    request = RolloutRequest(context, rng.normal(0, 1, (rows, 6, 3)).astype(np.float32), num_frames, seed=seed,
+                             routes=routes_from_yx(rng.normal(0, 5, (rows + 1, model.config.num_route_tokens, 2))))
+    return model, request
+
+
 @pytest.mark.parametrize("sampling", [SamplingConfig(temperature=0), SamplingConfig(0.9)], ids=["greedy", "sampled"])
 def test_draft_tokens_give_the_sequential_codes_with_routes(sampling, v2, single_thread):
     """The same with route slots: a frame's span counts them (the sampler's previous-frame guesses look one span
     back), and each frame's slots item carries its route."""
-    model = tiny_route_model(seed=3)
-    rng = np.random.default_rng(1)
-    context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
-    request = RolloutRequest(context, rng.normal(0, 1, (6, 6, 3)).astype(np.float32), 5, seed=7,
-                             routes=routes_from_yx(rng.normal(0, 5, (7, model.config.num_route_tokens, 2))))
+    model, request = route_request(rng_seed=1, rows=6, num_frames=5, seed=7)
     reference, _ = replay_rollout(model, request, 0, sampling)
     for drafts in (3, 16):
         codes, steps = replay_rollout(model, request, drafts, sampling)
@@ -433,11 +439,7 @@ def test_one_request_a_window_gives_the_codes_of_one_a_frame(sampling, drafts, p
     """A request of every frame of a window whose actions (and routes) are known: the slots between its frames
     drawn as placeholders and embedded from the request's values gives, frame for frame, the codes of one
     sequential request a frame; and the host hands the engine 2 requests for 7 frames, not 7."""
-    model = tiny_route_model(seed=3)
-    rng = np.random.default_rng(2)
-    context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
-    request = RolloutRequest(context, rng.normal(0, 1, (8, 6, 3)).astype(np.float32), 7, seed=11,
-                             routes=routes_from_yx(rng.normal(0, 5, (9, model.config.num_route_tokens, 2))))
+    model, request = route_request(rng_seed=2, rows=8, num_frames=7, seed=11)
     reference, _ = replay_rollout(model, request, 0, sampling)
     codes, steps = replay_rollout_by_window(model, request, drafts, sampling, passes_per_step=passes)
     np.testing.assert_array_equal(codes, reference)
@@ -447,11 +449,7 @@ def test_one_request_a_window_gives_the_codes_of_one_a_frame(sampling, drafts, p
 def test_slots_embedded_as_placeholders_are_caught(v2, single_thread):
     """The control: the same request with the drawn slots left as placeholder rows (no known frames) draws other
     codes from its second frame on."""
-    model = tiny_route_model(seed=3)
-    rng = np.random.default_rng(2)
-    context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
-    request = RolloutRequest(context, rng.normal(0, 1, (8, 6, 3)).astype(np.float32), 4, seed=11,
-                             routes=routes_from_yx(rng.normal(0, 5, (9, model.config.num_route_tokens, 2))))
+    model, request = route_request(rng_seed=2, rows=8, num_frames=4, seed=11)
     sampling = SamplingConfig(0.9)
     reference, _ = replay_rollout(model, request, 0, sampling)
     codes, _ = replay_rollout_by_window(model, request, 0, sampling, known_slots=False)
