@@ -178,6 +178,15 @@ class RolloutState:
 
 
 @dataclass
+class _Submission:
+    """Frames left of a state's submission and of its engine request in flight, and their sampling."""
+
+    frames: int
+    in_request: int
+    sampling: SamplingConfig
+
+
+@dataclass
 class FrameDone:
     """A frame :meth:`WorldModelBackend.poll` finished; it is already added to ``state``."""
 
@@ -224,25 +233,25 @@ class WorldModelBackend(ABC):
     def submit(self, state: RolloutState, sampling: SamplingConfig, frames: int = 1) -> None:
         """Queue the next ``frames`` frames of ``state`` (their actions set; not already queued)."""
         frames = min(frames, state.request.num_frames - state.num_generated)
-        self._left[id(state)] = [frames, self._request(state, sampling, frames), sampling]
+        self._left[id(state)] = _Submission(frames, self._request(state, sampling, frames), sampling)
 
     def poll(self) -> list[FrameDone]:
         """Advance the queued frames; return those that finished (added to their states), possibly none."""
         finished = self._poll()
         for done in finished:
-            left = self._left[id(done.state)]
-            left[0] -= 1
-            left[1] -= 1
-            done.last = not left[0]
+            submission = self._left[id(done.state)]
+            submission.frames -= 1
+            submission.in_request -= 1
+            done.last = not submission.frames
             if done.last:
                 del self._left[id(done.state)]
-            elif not left[1]:  # the request ended before the submission: the next window's request
-                left[1] = self._request(done.state, left[2], left[0])
+            elif not submission.in_request:  # the request ended before the submission: the next window's request
+                submission.in_request = self._request(done.state, submission.sampling, submission.frames)
         return finished
 
     @property
-    def _left(self) -> dict[int, list]:
-        """Per queued state: frames left of its submission, frames left of its engine request, its sampling."""
+    def _left(self) -> dict[int, "_Submission"]:
+        """The queued states' submissions, by state."""
         return self.__dict__.setdefault("_submissions", {})
 
     @abstractmethod
