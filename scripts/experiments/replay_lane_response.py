@@ -21,7 +21,7 @@ would read (near 1). A gain under 1 is a world that draws the car's sideways mot
 lane wanders about where that gain puts it, which a policy steering by a near point turns into steering.
 
 It backs benchmarks/fidelity.md, "Why the near follower left the road" (``--weave``) and "The near follower's lane
-response, replayed" (``--drives``), and MODEL_CARD.md, "The route model" (the swings stage 6 draws worst).
+response, replayed" (``--drives``).
 """
 
 from __future__ import annotations

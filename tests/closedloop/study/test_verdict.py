@@ -186,7 +186,7 @@ def test_worlds_of_the_user_are_loaded_once_at_settings_time(tmp_path):
 
 CONTROLS = ("frozen", "gray", "mirrored", "late", "offset_camera", "fast", "slow", "under_turning", "over_turning",
             "stutter", "zero_actions", "straight")  # every built-in control but the route controls: a wrong or
-# missing route changes the road beyond 40 m (docs/fidelity.md), which 2.5 s drives do not reach
+# missing route changes the road beyond 40 m, which 2.5 s drives do not reach
 
 
 def test_of_the_test_the_cpu_preset_flags_every_control_and_explains_itself(tmp_path):
