@@ -20,7 +20,6 @@ from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
-from terra.core.lazy import renamed
 from terra.core.progress import announce
 from terra.decoder import codes_to_frames
 from terra.generation.backends import build_backend
@@ -33,9 +32,6 @@ from terra.vllm.plugin import check_vllm_plugin
 
 if TYPE_CHECKING:
     from terra.decoder.refiner.model import VideoRefiner
-
-__getattr__ = renamed(__name__, {"check_model": "check_model"},  # until 0.2.0: part of a run's one resolution
-                      home="terra.generation.resolve")
 
 
 @dataclass
