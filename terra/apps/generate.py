@@ -15,7 +15,6 @@ from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, remove_empty_run_dir, run_app, shielded, task
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, check_whole_number, plain, select
-from terra.config.moved import move_settings
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, run_spec
@@ -187,7 +186,6 @@ def _main(cfg: DictConfig) -> None:
     created = missing_folders(out_dir)
     try:
         check_added_settings("terra-generate", allowed=("backend.options.",), cfg=cfg)
-        move_settings(cfg, "terra-generate")  # old setting names in a user's config file
         summary = run(generate_spec(cfg), out_dir)
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)
         with shielded():
