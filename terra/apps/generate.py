@@ -92,7 +92,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
 
     from terra.generation.pass_stats import PassStats
     from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
-    from terra.inputs.routes import MOVED_ROUTES, ROAD, GivenRoutes
+    from terra.inputs.routes import ROAD, GivenRoutes
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
@@ -121,8 +121,6 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
         actions, routes, route_source, route_told = given.actions, given.routes, given.route_source, given.route_told
         if given.unused_routes:
             print(f"terra-generate: {named_drive} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
-        if given.old_routes:
-            print(f"terra-generate: {named_drive}: {MOVED_ROUTES}", file=sys.stderr, flush=True)
         if route_told is not None and route_told.count(TOLD) < len(route_told):
             print(f"terra-generate: {route_told.count(TOLD)} of {len(route_told)} frames told a route "
                   f"({', '.join(f'{route_told.count(v)} {v}' for v in dict.fromkeys(route_told) if v != TOLD)})",

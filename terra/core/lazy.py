@@ -6,8 +6,6 @@ import importlib
 from collections.abc import Callable, Mapping
 from typing import Any
 
-REMOVED_IN = "0.2.0"  # the release that drops the old names still taken
-
 
 def lazy_face(package: str, homes: Mapping[str, str]) -> tuple[list[str], Callable[[str], Any]]:
     """The ``__all__`` of ``package`` and a module ``__getattr__`` that imports name ``N`` from ``homes[N]``."""
