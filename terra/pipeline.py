@@ -15,12 +15,10 @@ from terra.config.assets import DEMO_NAME, demo_checkpoints
 from terra.config.backend import DEFAULT_THREADS, DTYPES, check_backend, check_num_threads, resolve_backend
 from terra.config.checks import check_choice, check_flag
 from terra.config.memory import FULL_DECODE_PIXELS
-from terra.config.moved import TOKENIZER_BATCH_SIZE, moved_value
 from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
-from terra.core.lazy import renamed
 from terra.core.progress import announce
 from terra.decoder import codes_to_frames
 from terra.generation.backends import build_backend
@@ -33,9 +31,6 @@ from terra.vllm.plugin import check_vllm_plugin
 
 if TYPE_CHECKING:
     from terra.decoder.refiner.model import VideoRefiner
-
-__getattr__ = renamed(__name__, {"check_model": "check_model"},  # until 0.2.0: part of a run's one resolution
-                      home="terra.generation.resolve")
 
 
 @dataclass
@@ -111,9 +106,7 @@ class WorldModelPipeline:
 
     def __init__(self, tokenizer, backend: WorldModelBackend, device: str = "cpu",
                  tokenizer_batch_size: int | None = None, engine_options: Mapping[str, Any] | None = None,
-                 decode_batch_size: int | None = None, tokenizer_pixels: int = FULL_DECODE_PIXELS) -> None:
-        if decode_batch_size is not None:  # tokenizer_batch_size's old name, taken until 0.2.0
-            tokenizer_batch_size = moved_value(TOKENIZER_BATCH_SIZE, decode_batch_size)
+                 tokenizer_pixels: int = FULL_DECODE_PIXELS) -> None:
         self.tokenizer = tokenizer.to(device).eval()
         self.backend = backend
         # the options the backend was built with: what a run records
@@ -150,7 +143,6 @@ class WorldModelPipeline:
         zero_embed_code_0: bool = False,
         decoding: str = "auto",
         draft_tokens: int | str = "auto",
-        block_size: int | None = None,
         num_threads: int | str | None = DEFAULT_THREADS,
         **backend_options,
     ) -> "WorldModelPipeline":
@@ -160,7 +152,7 @@ class WorldModelPipeline:
         spec = RunSpec(str(world_model), "" if isinstance(tokenizer, ImageTokenizer) else str(tokenizer),
                        backend=backend, backend_options=options, device=check_device(device),
                        dtype=check_choice(dtype, "dtype", DTYPES),
-                       sampling=SamplingConfig(decoding=decoding, draft_tokens=draft_tokens, block_size=block_size),
+                       sampling=SamplingConfig(decoding=decoding, draft_tokens=draft_tokens),
                        zero_embed_code_0=check_flag(bool(zero_embed_code_0), "zero_embed_code_0"),
                        num_threads=check_num_threads(num_threads))
         return cls.from_run(resolve_run(spec, model=config),

@@ -163,21 +163,9 @@ INSTALLED = {"terra/conf", "terra/tokenizer", "terra/decoder"}  # conf/, tokeniz
 NOT_A_PATH = re.compile(r"/[A-Z_]+(?:/|\.|$)|-v\d+$")
 
 
-def moved_paths() -> set[str]:
-    """The paths docs/moved-names.md gives as old (its tables' first column): gone on purpose, so prose may name
-    them as what moved (a module ``terra.x.y`` there is ``terra/x/y.py``)."""
-    found = set()
-    for line in (ROOT / "docs" / "moved-names.md").read_text().splitlines():
-        if line.startswith("| "):
-            old = line.split("|")[1]
-            found |= {path.rstrip("./") for path in REPO_PATH.findall(old)}
-            found |= {name.replace(".", "/") + ".py" for name in re.findall(r"`(terra(?:\.\w+)+)", old)}
-    return found
-
-
-def missing_paths(files: list[Path], let_off: set[str], under: str = "") -> list[str]:
-    """``file:line: path`` for each repository path the files name that does not exist (``let_off``: names allowed
-    to, such as docs/moved-names.md's old paths; ``under``: only the paths that start so)."""
+def missing_paths(files: list[Path], under: str = "") -> list[str]:
+    """``file:line: path`` for each repository path the files name that does not exist (``under``: only the paths
+    that start so)."""
     missing = []
     for path in files:
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
@@ -185,7 +173,7 @@ def missing_paths(files: list[Path], let_off: set[str], under: str = "") -> list
                 name = found.group(1).rstrip("./")
                 if line[found.end():found.end() + 1] in ("*", "{", "<", "$") or not name.startswith(under):
                     continue  # a pattern, not a path; or not a path asked about
-                if not ((ROOT / name).exists() or name in INSTALLED or name in let_off or NOT_A_PATH.search(name)):
+                if not ((ROOT / name).exists() or name in INSTALLED or NOT_A_PATH.search(name)):
                     missing.append(f"{path.relative_to(ROOT)}:{number}: {name}")
     return missing
 
@@ -193,12 +181,10 @@ def missing_paths(files: list[Path], let_off: set[str], under: str = "") -> list
 def test_every_repo_path_named_in_the_docs_configs_and_code_exists():
     """A module or page moved leaves no path in the Markdown, the configs' comments, the code's docstrings and
     comments or pyproject.toml pointing nowhere (conf/backend/auto.yaml named terra/backends.py long after it moved),
-    nor a script's path in a shell recipe or the Makefile (whose other paths are their runs' folders), unless
-    docs/moved-names.md lists it as moved."""
-    moved = moved_paths()
+    nor a script's path in a shell recipe or the Makefile (whose other paths are their runs' folders)."""
     texts = [path for path in tracked_texts() if path.suffix in (".md", ".yaml", ".py", ".toml")]
     commands = [path for path in tracked_texts() if path.suffix == ".sh" or path.name == "Makefile"]
-    missing = missing_paths(texts, moved) + missing_paths(commands, moved, under="scripts/")
+    missing = missing_paths(texts) + missing_paths(commands, under="scripts/")
     assert not missing, "no such file or folder (name where it is now):\n" + "\n".join(missing)
 
 
@@ -207,10 +193,9 @@ SCRIPT_KINDS = ("bench", "experiments", "checks", "recipes", "tools")  # scripts
 
 def test_every_script_a_page_quotes_is_where_the_page_says():
     """Each ``scripts/...`` path of the docs, the benchmarks, the model card and the READMEs exists: a command quoted
-    there runs as written. None is let off as moved, except in docs/moved-names.md, whose first column names the old
-    ones."""
-    pages = [path for path in tracked_texts() if path.suffix == ".md" and path != ROOT / "docs" / "moved-names.md"]
-    missing = [line for line in missing_paths(pages, set()) if line.split(": ", 1)[1].startswith("scripts/")]
+    there runs as written."""
+    pages = [path for path in tracked_texts() if path.suffix == ".md"]
+    missing = [line for line in missing_paths(pages) if line.split(": ", 1)[1].startswith("scripts/")]
     assert not missing, "no such script (scripts/README.md lists where each is):\n" + "\n".join(missing)
 
 

@@ -61,6 +61,10 @@ FIRST_MISTAKES = [
     ("drive", ["policies=[brake_hardd]"], "unknown policy 'brake_hardd' (did you mean 'brake_hard'?)"),
     ("drive", ["vehicle=bicycel"], "unknown vehicle 'bicycel' (did you mean 'bicycle'?); choose one of: bicycle, "
                                    "exact"),
+    ("serve", ["sampling.draft_tokens=0"], "sampling.draft_tokens must be a whole number from 1 to 4096 (got 0); e.g. "
+                                          "sampling.draft_tokens=32"),
+    ("generate", ["decoder=framewise"], "decoder='framewise' is unknown; use decoder=tokenizer (the tokenizer's "
+                                        "frames) or decoder=refiner (Terra's video refiner, GPU)"),
     ("tokenize_dataset", [], "no tokenizer_path given; pass tokenizer_path=DIR (a saved tokenizer folder, e.g. the "
                              "demo tokenizer's: tokenizer_path="),
 ]
@@ -177,4 +181,16 @@ def test_an_override_holding_a_newline_is_one_line(tmp_path):
     [line] = result.stderr.splitlines()
     assert line == ("terra-drive: error: cannot parse the override 'seed=1\\n2': quote a value with spaces, non-ASCII "
                     "letters or special characters for Hydra, e.g. \"seed='1\\n2'\"; see terra-drive --help"), line
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("app, arg, name", [("generate", "decoding=framewise", "decoding"),
+                                            ("serve", "sampling.block_size=8", "sampling.block_size"),
+                                            ("rollout", "+decoding=refiner", "decoding")])
+def test_a_settings_earlier_name_is_an_unknown_setting(app, arg, name, tmp_path):
+    result = subprocess.run([sys.executable, "-m", f"terra.apps.{app}", arg], cwd=tmp_path, env=ENV,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2, (result.returncode, result.stderr)
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"terra-{app}: error: unknown setting '{name}'"), line
     assert list(tmp_path.iterdir()) == []

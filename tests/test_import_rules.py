@@ -9,9 +9,8 @@ terra.decoder builds on terra.tokenizer and terra/core/ only; the world model (t
 the pipeline and the apps reach a backend only through terra.generation.backends; the light layer
 (terra/config/) imports no torch, Transformers or vLLM; terra/inputs/ names no backend; terra/closedloop/ keeps the
 loop's core at its root and its sub-packages by floor (the drive run never imports the fidelity study); the old
-top-level names ``tokenizer`` and ``decoder`` and the removed aliases of modules moved in an earlier release are gone
-(this release's moved modules: tests/test_moved_modules.py); no package exports the name of one of its modules;
-``import terra.tokenizer`` and ``import terra`` stay light.
+top-level names ``tokenizer`` and ``decoder`` and the removed aliases of modules moved before are gone; no package
+exports the name of one of its modules; ``import terra.tokenizer`` and ``import terra`` stay light.
 """
 
 from __future__ import annotations
@@ -76,7 +75,7 @@ def within(name: str, prefixes: tuple[str, ...]) -> bool:
     return any(name == prefix or name.startswith(prefix + ".") for prefix in prefixes)
 
 
-# Removed one-release aliases (docs/moved-names.md): the modules are gone, not kept as shims.
+# Aliases of modules moved before: gone, not kept as shims.
 REMOVED = ("terra.errors", "terra.validation", "terra.actions", "terra.trajectory", "terra.hydra_app", "terra.cli")
 # folder or file → modules it must not import (a name and everything below it)
 RULES = {

@@ -1,9 +1,9 @@
-"""Routes in trajectory files (docs/generate.md, "Routes"): a JSON trajectory's ``ego_routes`` (x first; the old
-``routes``, ``[y, x]``, with one line) reach the requests of a route model as the file gives them, and its ``road``
-becomes every frame's route at that frame's pose, read and checked once where the file enters and before any model
-loads; a bad route, an unknown key, a value that is not a number, a route behind the car or too few routes is one
-line in the user's terms (exit 2 from ``terra-generate``); a model without route slots runs without them and says so;
-the docs' example is read as the docs say, and ``--help`` shows the forms.
+"""Routes in trajectory files (docs/generate.md, "Routes"): a JSON trajectory's ``ego_routes`` (x first) reach the
+requests of a route model as the file gives them, and its ``road`` becomes every frame's route at that frame's pose,
+read and checked once where the file enters and before any model loads; a bad route, an unknown key, a value that is
+not a number, a route behind the car or too few routes is one line in the user's terms (exit 2 from
+``terra-generate``); a model without route slots runs without them and says so; the docs' example is read as the docs
+say, and ``--help`` shows the forms.
 
 The models are tiny (:func:`tests.conftest.tiny_route_model`, K = 4 route slots, and :func:`tests.conftest.tiny_model`,
 none) with the tiny LFQ tokenizer whose 8x8 codes fit them, so a run takes about a second.
@@ -59,7 +59,7 @@ def bending_routes(frames: int = FRAMES, points: int = TINY_ROUTES) -> np.ndarra
     return np.stack([np.stack([0.002 * (t + 1) * s**2, s], axis=1) for t in range(frames)])
 
 
-def write_trajectory(path: Path, routes, key: str = "routes", **form) -> Path:
+def write_trajectory(path: Path, routes, key: str = "ego_routes", **form) -> Path:
     """A JSON trajectory (``form``, default a straight manoeuvre) with ``routes`` under ``key`` as given."""
     path.write_text(json.dumps({**(form or {"manoeuvre": "straight"}), key: np.asarray(routes).tolist()}))
     return path
@@ -98,14 +98,13 @@ def run_generate(models: Path, model: str, trajectory: Path, out: Path, monkeypa
     return given
 
 
-@pytest.mark.parametrize("key, values", [("ego_routes", 2), ("ego_routes", 3), ("routes", 2)])
-def test_a_route_model_s_requests_carry_the_file_s_routes_read_and_checked_once(models, tmp_path, monkeypatch,
-                                                                                key, values):
-    """``ego_routes`` rows ``[x, y]`` or ``[x, y, s]``; the old key ``routes``, rows ``[y, x]``, as before."""
+@pytest.mark.parametrize("values", [2, 3])
+def test_a_route_model_s_requests_carry_the_file_s_routes_read_and_checked_once(models, tmp_path, monkeypatch, values):
+    """``ego_routes`` rows ``[x, y]`` or ``[x, y, s]``."""
     routes = bending_routes()
     if values == 3:  # [y, x, s]: the distances written out
         routes = np.concatenate([routes, np.broadcast_to(route_distances(TINY_ROUTES)[:, None], (FRAMES, 4, 1))], -1)
-    trajectory = write_trajectory(tmp_path / "bend.json", x_first(routes) if key == "ego_routes" else routes, key)
+    trajectory = write_trajectory(tmp_path / "bend.json", x_first(routes))
     with calls(terra.inputs.actions.read_trajectory_file, terra.config.files.read_input_text,
                terra.contract.actions.validate_actions, terra.contract.routes.validate_routes) as counts:
         requests = run_generate(models, "route_model", trajectory, tmp_path / "out", monkeypatch, "num_samples=2")
@@ -131,8 +130,7 @@ def test_a_control_without_routes_gives_requests_without_a_route(models, tmp_pat
 
 def test_a_model_without_route_slots_runs_without_the_file_s_routes_and_says_so_once(models, tmp_path,
                                                                                      monkeypatch, capsys):
-    trajectory = write_trajectory(tmp_path / "bend.json", x_first(bending_routes(frames=2, points=7)),
-                                  "ego_routes")  # not checked: unused
+    trajectory = write_trajectory(tmp_path / "bend.json", x_first(bending_routes(frames=2, points=7)))  # unused
     [request] = run_generate(models, "plain_model", trajectory, tmp_path / "out", monkeypatch)
     assert request.routes is None
     said = [line for line in capsys.readouterr().err.splitlines() if "routes" in line]
@@ -147,12 +145,12 @@ def _with_s(routes: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 # case → (the file's routes, text its one line holds)
 BAD_ROUTES = {
-    "wrong_number_of_points": (bending_routes(points=3), "routes must have shape [frames, 4, 2]"),
-    "too_far": (bending_routes() * [1.0, 15.0], "a route point lies 1200 m from the car, more than 1000 m"),
-    "too_few_frames": (bending_routes(frames=FRAMES - 1), "gives 4 routes, one short: the rollout has 5 frames (3 "
-                       "context + 2 generated), and each needs its route"),
-    "s_not_the_distances": (_with_s(bending_routes(), np.arange(1.0, 5.0)), "third values must be its points' "
-                            "distances along the road, 20, 40, 60, 80 m"),
+    "wrong_number_of_points": (x_first(bending_routes(points=3)), "routes must have shape [frames, 4, 2]"),
+    "too_far": (x_first(bending_routes() * [1.0, 15.0]), "a route point lies 1200 m from the car, more than 1000 m"),
+    "too_few_frames": (x_first(bending_routes(frames=FRAMES - 1)), "gives 4 routes, one short: the rollout has 5 "
+                       "frames (3 context + 2 generated), and each needs its route"),
+    "s_not_the_distances": (x_first(_with_s(bending_routes(), np.arange(1.0, 5.0))), "third values must be its "
+                            "points' distances along the road, 20, 40, 60, 80 m"),
     "not_numbers": ([["ahead"]] * FRAMES, "routes: holds values that are not numbers"),
     "flat_list": (list(range(FRAMES)), "routes must have shape"),
 }
@@ -172,22 +170,22 @@ def test_a_nan_route_in_a_mapping_is_one_line():
     """JSON files cannot hold NaN (strict JSON); a mapping given from Python can."""
     routes = bending_routes()
     routes[2, 1, 0] = np.nan
-    with pytest.raises(TerraInputError, match=r"^scene 7: routes: holds NaN or inf; replace them with finite"):
-        trajectory_inputs({"manoeuvre": "straight", "routes": routes}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES,
-                          "scene 7")
+    with pytest.raises(TerraInputError, match=r"^scene 7: ego_routes: holds NaN or inf; replace them with finite"):
+        trajectory_inputs({"manoeuvre": "straight", "ego_routes": x_first(routes)}, NUM_CONTEXT, NUM_FRAMES,
+                          TINY_ROUTES, "scene 7")
 
 
 def test_skip_drops_the_routes_of_the_frames_not_used():
     """ACT-Bench's rule: the rows of context frames not used go, routes as actions."""
     routes = bending_routes(frames=FRAMES + 2)
-    given = trajectory_inputs({"manoeuvre": "straight", "routes": routes}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES,
-                              skip=2)
+    given = trajectory_inputs({"manoeuvre": "straight", "ego_routes": x_first(routes)}, NUM_CONTEXT, NUM_FRAMES,
+                              TINY_ROUTES, skip=2)
     np.testing.assert_allclose(given.routes[..., :2], routes[2:], rtol=1e-6)
     with pytest.raises(TerraInputError, match=r"gives 6 routes, one short: the rollout has 5 frames \(3 context \+ 2 "
                                               r"generated\) after 2 context frames not used, and each of the 7 needs "
                                               r"its route, frame 0 \(the trajectory's first pose\) to frame 6"):
-        trajectory_inputs({"manoeuvre": "straight", "routes": routes[1:]}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES,
-                          skip=2)
+        trajectory_inputs({"manoeuvre": "straight", "ego_routes": x_first(routes[1:])}, NUM_CONTEXT, NUM_FRAMES,
+                          TINY_ROUTES, skip=2)
 
 
 def test_a_bad_route_stops_terra_generate_before_any_model_loads(models, tmp_path, monkeypatch):
@@ -195,22 +193,22 @@ def test_a_bad_route_stops_terra_generate_before_any_model_loads(models, tmp_pat
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(WorldModelPipeline, "from_run", no_model)
-    trajectory = write_trajectory(tmp_path / "bad.json", bending_routes(points=3))
+    trajectory = write_trajectory(tmp_path / "bad.json", x_first(bending_routes(points=3)))
     with pytest.raises(TerraInputError, match="routes must have shape"):
         terra.apps.generate.run(terra.apps.generate.generate_spec(
             generate_cfg(models, "route_model", trajectory)), tmp_path / "out")
 
 
 def test_terra_generate_exits_2_with_one_line_for_a_bad_route(models, tmp_path):
-    trajectory = write_trajectory(tmp_path / "bad.json", bending_routes(frames=2))
+    trajectory = write_trajectory(tmp_path / "bad.json", x_first(bending_routes(frames=2)))
     out = tmp_path / "out"
     args = ["backend=hf", "device=cpu", "num_threads=1", f"num_frames={NUM_FRAMES}", f"trajectory={trajectory}",
             f"model.world_model={models / 'route_model'}", f"tokenizer.path={models / 'tokenizer'}",
             f"output.dir={out}"]
     result = subprocess.run([str(Path(sys.executable).with_name("terra-generate")), *args], cwd=tmp_path,
                             capture_output=True, text=True, timeout=300)
-    line = one_error_line(result, "terra-generate", f"{trajectory}: routes: gives 2 routes, 3 short: the rollout has 5 "
-                                                    "frames (3 context + 2 generated)")
+    line = one_error_line(result, "terra-generate", f"{trajectory}: ego_routes: gives 2 routes, 3 short: the rollout "
+                                                    "has 5 frames (3 context + 2 generated)")
     assert "one route per pose and one for the frame after the last pose" in line
     assert not out.exists() or not [p for p in out.iterdir() if not p.name.startswith(".")]
 
@@ -243,21 +241,9 @@ def test_ego_routes_are_x_first_so_a_straight_road_is_straight_ahead():
                               TINY_ROUTES)
     np.testing.assert_array_equal(given.routes[..., 0], 0.0)  # y: no turn (read as [y, x] it was a 90-degree left)
     np.testing.assert_array_equal(given.routes[..., 1], np.broadcast_to(route_distances(TINY_ROUTES), (FRAMES, 4)))
-    assert not given.old_routes
 
 
-def test_x_first_rows_under_the_old_key_are_refused_as_not_ahead_of_the_car():
-    """The old key reads ``[y, x]`` as before; the straight road written x first there (a road turning left at
-    once) is no road ahead, and so is a route behind the car under the new key."""
-    old = trajectory_inputs({"manoeuvre": "straight", "routes": bending_routes().tolist()}, NUM_CONTEXT, NUM_FRAMES,
-                            TINY_ROUTES)
-    assert old.old_routes
-    np.testing.assert_allclose(old.routes[..., :2], bending_routes(), rtol=1e-6)
-    with pytest.raises(TerraInputError, match=r"^scene 7: routes: the route of frame 0 does not lie ahead of the car: "
-                                              r"its first point, 20 m along the road, is at x = 0 m; .* forward x "
-                                              r"must be above 0 \(its rows are \[y, x\]"):
-        trajectory_inputs({"manoeuvre": "straight", "routes": [STRAIGHT] * FRAMES}, NUM_CONTEXT, NUM_FRAMES,
-                          TINY_ROUTES, "scene 7")
+def test_a_route_behind_the_car_is_refused():
     behind = [STRAIGHT] * FRAMES
     behind[3] = [[-x, y] for x, y in STRAIGHT]
     with pytest.raises(TerraInputError, match=r"ego_routes: the route of frame 3 does not lie ahead .* x = -20 m; .*"
@@ -265,18 +251,10 @@ def test_x_first_rows_under_the_old_key_are_refused_as_not_ahead_of_the_car():
         trajectory_inputs({"manoeuvre": "straight", "ego_routes": behind}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES)
 
 
-def test_the_old_key_says_so_in_one_line(models, tmp_path, monkeypatch, capsys):
-    trajectory = write_trajectory(tmp_path / "bend.json", bending_routes())  # "routes": rows [y, x]
-    [request] = run_generate(models, "route_model", trajectory, tmp_path / "out", monkeypatch)
-    np.testing.assert_allclose(request.routes[..., :2], bending_routes(), rtol=1e-6)
-    said = [line for line in capsys.readouterr().err.splitlines() if "routes" in line]
-    assert said == [f'terra-generate: {trajectory}: "routes" ([y, x] rows) is now "ego_routes" ([x, y] rows); the old '
-                    "name goes in 0.2.0"]
-
-
 @pytest.mark.parametrize("route_tokens", [TINY_ROUTES, 0])
-@pytest.mark.parametrize("key, guess", [("route", "ego_routes"), ("Routes", "ego_routes"), ("ego_route", "ego_routes"),
-                                        ("roads", "road"), ("trajectroy", "trajectory"), ("colour", None)])
+@pytest.mark.parametrize("key, guess", [("route", "ego_routes"), ("routes", "ego_routes"), ("Routes", "ego_routes"),
+                                        ("ego_route", "ego_routes"), ("roads", "road"), ("trajectroy", "trajectory"),
+                                        ("colour", None)])
 def test_an_unknown_key_is_refused_with_a_guess(tmp_path, key, guess, route_tokens):
     """Before, a misspelt route key was dropped without a word and the run went on without a route."""
     path = tmp_path / "t.json"

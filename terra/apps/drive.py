@@ -13,7 +13,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
-from terra.config.moved import move_settings
 
 
 DEFAULT_OUTPUT_DIR = "outputs/drives/%Y-%m-%d/%H-%M-%S"  # output_dir=null; made only once held
@@ -28,7 +27,6 @@ def _main(cfg: DictConfig) -> None:
 
     # free-form mappings: an engine's options, Ray's runtime_env, a NAVSIM agent's keyword arguments
     check_added_settings("terra-drive", allowed=("backend.options.", "ray.runtime_env.", "navsim_args."), cfg=cfg)
-    move_settings(cfg, "terra-drive")  # old setting names in a user's config file
     logging.getLogger("carla_driver_interface").setLevel(logging.WARNING)  # one line per gRPC session otherwise
     logging.getLogger("grpc").setLevel(logging.CRITICAL)  # its logged traceback of an answer that does not parse
     out_dir = Path(str(cfg.output_dir)).expanduser() if cfg.output_dir else Path(time.strftime(DEFAULT_OUTPUT_DIR))

@@ -11,7 +11,6 @@ import hydra
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
-from terra.config.moved import move_settings
 from terra.evaluation.settings import evaluate_spec
 
 PROG = "terra-evaluate"  # the console script, named in error lines
@@ -22,7 +21,6 @@ PROG = "terra-evaluate"  # the console script, named in error lines
 def _main(cfg: DictConfig) -> None:
     """Check the settings (before torch is imported), evaluate and print the table."""
     check_added_settings(PROG, allowed=("backend.options.",), cfg=cfg)
-    move_settings(cfg, PROG)  # old setting names in a user's config file
     spec = evaluate_spec(cfg)
     from terra.evaluation.run import format_table, run  # imports torch
 

@@ -15,7 +15,6 @@ from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, remove_empty_run_dir, run_app, shielded, task
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, check_whole_number, plain, select
-from terra.config.moved import move_settings
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, run_spec
@@ -93,7 +92,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
 
     from terra.generation.pass_stats import PassStats
     from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
-    from terra.inputs.routes import MOVED_ROUTES, ROAD, GivenRoutes
+    from terra.inputs.routes import ROAD, GivenRoutes
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
@@ -122,8 +121,6 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
         actions, routes, route_source, route_told = given.actions, given.routes, given.route_source, given.route_told
         if given.unused_routes:
             print(f"terra-generate: {named_drive} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
-        if given.old_routes:
-            print(f"terra-generate: {named_drive}: {MOVED_ROUTES}", file=sys.stderr, flush=True)
         if route_told is not None and route_told.count(TOLD) < len(route_told):
             print(f"terra-generate: {route_told.count(TOLD)} of {len(route_told)} frames told a route "
                   f"({', '.join(f'{route_told.count(v)} {v}' for v in dict.fromkeys(route_told) if v != TOLD)})",
@@ -187,7 +184,6 @@ def _main(cfg: DictConfig) -> None:
     created = missing_folders(out_dir)
     try:
         check_added_settings("terra-generate", allowed=("backend.options.",), cfg=cfg)
-        move_settings(cfg, "terra-generate")  # old setting names in a user's config file
         summary = run(generate_spec(cfg), out_dir)
     except BaseException:  # a failed or interrupted run leaves nothing behind (its files are gone already)
         with shielded():

@@ -18,7 +18,6 @@ CONF_DIR = Path(terra.conf.__file__).resolve().parent
 EXIT_CODES = ("Exit codes: 0 done, 2 bad input or setting (one line on stderr), 130 / 143 interrupted,\n1 internal "
               "error (--verbose shows its traceback).")
 WIDTH = 118  # a page's wrapped lines
-MOVED = "docs/moved-names.md"  # old setting names
 
 
 @dataclass(frozen=True)
@@ -230,7 +229,7 @@ def page_template(config_name: str, prog: str | None = None) -> str:
         parts.append(f"== Configuration groups (GROUP=OPTION; conf/GROUP/OPTION.yaml) ==\n{_literal(_rows(groups))}")
     parts.append(f"== Settings (KEY=VALUE; `{page.prog} --cfg job [KEY=VALUE ...]` prints them as a run would "
                  f"take them) ==\n{_literal(documented_settings(text))}")
-    parts.append(_literal(f"{page.exit_codes}\nDocs: {page.docs}; renamed settings: {MOVED}"))
+    parts.append(_literal(f"{page.exit_codes}\nDocs: {page.docs}"))
     return re.sub(r"\n{3,}", "\n\n", "\n\n".join(parts))
 
 

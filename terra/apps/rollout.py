@@ -10,7 +10,6 @@ from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.batch.config import batch_spec, claim_output
-from terra.config.moved import move_settings
 
 PROG = "terra-rollout"  # the console script, named in error lines
 
@@ -20,7 +19,6 @@ PROG = "terra-rollout"  # the console script, named in error lines
 def _main(cfg: DictConfig) -> None:
     """Settings; the output folder's lock; plan, generate and write; summary."""
     check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."), cfg=cfg)
-    move_settings(cfg, PROG)  # old setting names in a user's config file
     spec = batch_spec(cfg)  # no torch yet: a bad setting is one line in about a second
     with claim_output(spec).hold(spec.manifest_path.name):  # a second run into this folder stops here
         from terra.batch.run import run_locked  # torch and the models

@@ -28,7 +28,6 @@ from terra.apps.help import PAGES, register_help
 from terra.config.assets import register_resolvers
 from terra.config.checks import did_you_mean, one_line
 from terra.config.extras import check_extras
-from terra.config.moved import moved_overrides
 from terra.core.errors import TerraInputError
 from terra.core.progress import shows_bars
 
@@ -253,7 +252,6 @@ def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) ->
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # Transformers' "Loading weights" too
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        sys.argv[1:] = moved_overrides(sys.argv[1:], prog)
         if any(arg in HELP_FLAGS for arg in sys.argv[1:]):  # the app's own page
             sys.argv[1:] = with_help_page(sys.argv[1:], prog)
         if not any(arg.split("=")[0] in PRINTING_FLAGS for arg in sys.argv[1:]):

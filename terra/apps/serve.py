@@ -11,7 +11,6 @@ from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task
 from terra.config.checks import select
-from terra.config.moved import move_settings
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.serve.settings import ServeSettings
@@ -96,7 +95,6 @@ def serve(service: SessionService, sock: socket.socket) -> None:
 def _main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s: %(name)s: %(message)s")
     check_added_settings("terra-serve", allowed=("backend.options.",), cfg=cfg)
-    move_settings(cfg, "terra-serve")  # old setting names in a user's config file
     settings = ServeSettings.from_mapping(select(cfg, "serve"))
     spec = run_spec(cfg)
     with bind(settings) as sock:  # before the model loads: a port in use is one line at once

@@ -9,7 +9,7 @@ The Python API behind ``terra-rollout``::
 
 from __future__ import annotations
 
-from terra.core.lazy import lazy_face, moved_modules
+from terra.core.lazy import lazy_face
 
 # The names load on first use, so ``terra.batch.config`` imports no torch.
 _HOMES = {
@@ -38,4 +38,3 @@ _HOMES = {
 }
 
 __all__, __getattr__ = lazy_face(__name__, _HOMES)
-MOVED_MODULES = moved_modules(__name__, {"prepare": "prepared_sample"})

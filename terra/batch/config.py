@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import string
-from dataclasses import InitVar, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -17,7 +17,6 @@ from terra.config.backend import DEFAULT_THREADS
 from terra.config.checks import Range, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.manifest import manifest_name, summary_name
-from terra.config.moved import DECODER, moved_value
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import check_output_formats
 from terra.config.ray_settings import RaySettings, check_executor, removed_setting
@@ -149,11 +148,8 @@ class BatchConfig:
     progress: bool = True
     record: dict | None = None  # run configuration stored in every sidecar (default: this config)
     terra_root: str | None = None  # a downloaded Terra snapshot the checkpoints come from, named in error lines
-    decoding: InitVar[str | None] = None  # decoder's old name (framewise | refiner)
 
-    def __post_init__(self, decoding: str | None) -> None:
-        if decoding is not None:
-            object.__setattr__(self, "decoder", moved_value(DECODER, decoding))
+    def __post_init__(self) -> None:
         if not self.world_model:
             object.__setattr__(self, "world_model", str(demo_checkpoints()[0]))
         if not self.tokenizer:

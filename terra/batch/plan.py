@@ -62,7 +62,6 @@ class BatchPlan:
     items: list[Item] = field(default_factory=list)  # every valid sample of this shard (to run or complete)
     redone: list[str] = field(default_factory=list)  # why each sample with an outdated or cut output is rerun
     unused_routes: int = 0  # samples to run that carry routes, which a model without route slots does not take
-    old_routes: int = 0  # samples to run that give routes under their old name, "routes" ([y, x] rows)
 
 
 def _file_name(pattern: str, sample: Sample, ext: str) -> str:
@@ -207,7 +206,6 @@ def plan_batch(config: BatchSpec, samples: list[Sample] | None = None, route_tok
         item.inputs = inputs if final else None
         result.redone += [why] if why else []
         result.unused_routes += inputs.unused_routes
-        result.old_routes += inputs.old_routes
         result.to_run.append(item)
     return result
 

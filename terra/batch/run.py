@@ -23,7 +23,6 @@ from terra.core.device import set_threads
 from terra.generation.resolve import check_model
 from terra.generation.pass_stats import PassStats
 from terra.inputs.requests import UNUSED_ROUTES
-from terra.inputs.routes import MOVED_ROUTES
 from terra.inputs.samples import Sample
 from terra.pipeline import WorldModelPipeline, check_compatible
 from terra.refiner import RefinerSettings, check_decoder
@@ -141,8 +140,6 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
             tqdm.write(f"terra-rollout: {_describe(record)} failed: {record['error']}", file=sys.stderr)
     if the_plan.unused_routes:
         tqdm.write(f"terra-rollout: {the_plan.unused_routes} sample(s) carry routes; {UNUSED_ROUTES}", file=sys.stderr)
-    if the_plan.old_routes:
-        tqdm.write(f"terra-rollout: {the_plan.old_routes} sample(s): {MOVED_ROUTES}", file=sys.stderr)
     if the_plan.redone:
         tqdm.write(f"terra-rollout: {redone_line(the_plan.redone, 'sample')}", file=sys.stderr)
     progress = BatchProgress(the_plan.to_run, config.progress)

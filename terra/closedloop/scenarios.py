@@ -13,7 +13,7 @@ from terra.config.checks import one_line
 from terra.core.errors import TerraInputError, past
 from terra.contract.actions import FRAME_RATE_HZ, MAX_ACTION_M, MAX_SPEED_MPS
 from terra.inputs.ego_motion import speed_of, to_ego
-from terra.inputs.routes import GIVEN_ROUTE_KEYS
+from terra.inputs.routes import ROUTE_KEYS
 from terra.inputs.samples import Sample, read_samples
 from terra.inputs.trajectory import MAX_COORDINATE_M, EgoTrajectory
 from terra.roads import Road, routes_along
@@ -210,7 +210,7 @@ def scenario_source(scenarios: str | Path, num_scenarios: int = 4, seed: int = 0
     for sample in samples:
         if sample.error is not None:
             raise TerraInputError(f"scenarios: {path.name} {sample.error}")
-        carried = [key for key in GIVEN_ROUTE_KEYS if sample.record.get(key) is not None]
+        carried = [key for key in ROUTE_KEYS if sample.record.get(key) is not None]
         if carried:
             raise TerraInputError(f"scenarios: {path.name} line {sample.line}: gives {carried[0]}, but "
                                   f"{NO_SAMPLE_ROUTE}; leave it out")

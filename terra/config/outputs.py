@@ -7,11 +7,7 @@ from typing import Any, Sequence
 
 from terra.config.checks import check_flag
 from terra.core.errors import TerraInputError
-from terra.core.lazy import renamed
 from terra.decoder.writers import check_fps, ffmpeg_exe
-
-__getattr__ = renamed(__name__, {name: name for name in (  # until 0.2.0: the output folder's rules
-    "check_output_dir", "check_output_names", "ATOMIC_EXTRA", "MIN_FREE_BYTES")}, home="terra.config.output_dir")
 
 FORMATS = ("gif", "mp4", "png")
 

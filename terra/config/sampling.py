@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import inspect
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from terra.config.checks import Range, check_choice
-from terra.config.moved import DRAFT_TOKENS, moved_value
 from terra.core.errors import TerraInputError
 
 DRAW_RULE = "gumbel-max, noise hashed from (seed, frame, position, code)"
@@ -19,7 +17,7 @@ SAMPLING = {  # SamplingConfig checks these
     "temperature": Range(0, 10, 1.0),
     "top_k": Range(0, 1 << 20, 0, whole=True),
     "top_p": Range(0, 1, 1.0, low_open=True),
-    "draft_tokens": DRAFT_TOKENS.check,  # or auto; its old name, block_size, shares the range
+    "draft_tokens": Range(1, 4096, 32, whole=True),  # or auto
 }
 
 
@@ -37,11 +35,8 @@ class SamplingConfig:
     decoding: str = "auto"
     draft_tokens: int | str = "auto"
     guesses: str = "auto"
-    block_size: InitVar[int | None] = None  # draft_tokens' old name, taken until 0.2.0
 
-    def __post_init__(self, block_size: int | None) -> None:
-        if block_size is not None:
-            object.__setattr__(self, "draft_tokens", moved_value(DRAFT_TOKENS, block_size))
+    def __post_init__(self) -> None:
         for name, limits in SAMPLING.items():
             value = getattr(self, name)
             if name == "draft_tokens" and isinstance(value, str):
@@ -69,9 +64,8 @@ class SamplingConfig:
     def from_mapping(cls, options: Any) -> "SamplingConfig":
         """The ``sampling`` settings (the fields above) as a config; unknown names fail with one line."""
         names = {field.name for field in dataclasses.fields(cls)}
-        taken = set(inspect.signature(cls).parameters)  # the fields and old names still taken (block_size)
-        if not isinstance(options, Mapping) or not set(options) <= taken:
-            unknown = sorted(set(options) - taken) if isinstance(options, Mapping) else options
+        if not isinstance(options, Mapping) or not set(options) <= names:
+            unknown = sorted(set(options) - names) if isinstance(options, Mapping) else options
             raise TerraInputError(f"sampling must be an object with some of {', '.join(sorted(names))} "
                                   f"(got {unknown!r:.80})")
         return cls(**options)

@@ -20,11 +20,7 @@ from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
-from terra.core.lazy import renamed
 from terra.tokenizer.resize import RESIZE_MODES
-
-__getattr__ = renamed(__name__, {"check_window": "check_window"},  # until 0.2.0
-                      home="terra.contract.layout")
 
 DECODERS = ("tokenizer", "refiner")  # how codes become frames: the tokenizer's decoder or Terra's video refiner
 REFINER_OUTPUT_KEYS = ("preset", "num_steps", "guidance", "arithmetic")  # shape the refiner's frames

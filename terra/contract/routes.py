@@ -8,7 +8,6 @@ import numpy as np
 
 from terra.contract.actions import finite_array
 from terra.core.errors import TerraInputError, past
-from terra.core.lazy import renamed
 
 ROUTE_HORIZON_M = 80.0  # the last route point's distance along the lane; a demo frame shows road to about 60 m
 ROUTE_POINT_VALUES = 3  # [y, x, s], the width of an action point
@@ -17,7 +16,6 @@ MAX_ROUTE_M = 1000.0  # |y|, |x| of a route point: a sanity bound (a car that le
 NO_ROUTE_SLOTS = "the world model has no route slots (num_route_tokens 0)"
 TOLD, NO_LANE_NEAR, ROAD_ENDED, NONE_GIVEN = "told", "no lane near", "road ended", "none given"  # a frame's route
 ROUTE_VERDICTS = (TOLD, NO_LANE_NEAR, ROAD_ENDED, NONE_GIVEN)
-__getattr__ = renamed(__name__, {"route_points": "routes_from_yx"})  # until 0.2.0
 
 
 def route_distances(points: int) -> np.ndarray:

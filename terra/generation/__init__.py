@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from terra.core.lazy import lazy_face, moved_modules
+from terra.core.lazy import lazy_face
 
 _HOMES = {
     "FrameCallback": "terra.generation.rollout",
@@ -13,5 +13,3 @@ _HOMES = {
 }
 
 __all__, __getattr__ = lazy_face(__name__, _HOMES)
-# the contract's old module paths, until this release
-MOVED_MODULES = moved_modules(__name__, {name: name for name in ("actions", "layout", "routes")}, home="terra.contract")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -12,24 +11,8 @@ from terra.config.sampling import SamplingConfig
 from terra.config.spec import RunSpec
 from terra.contract.layout import TokenLayout
 from terra.core.errors import TerraInputError
-from terra.core.lazy import renamed
 from terra.generation.resolve import BackendRun, resolve_backend_run
 from terra.generation.rollout import WorldModelBackend
-
-_MOVED = {  # the choices a run makes, now with the facts they are made from: new home -> old names here
-    "terra.generation.resolve": ("GPU_ROLLOUTS", "most_rollouts"),
-    "terra.config.backend": ("resolve_backend", "vllm_available"),
-    "terra.generation.decoding": ("resolve_decoding",),  # given a config, the block too
-}
-
-
-def __getattr__(name: str) -> Any:
-    """Moved names, until 0.2.0."""
-    for home, names in _MOVED.items():
-        if name in names:
-            return renamed(__name__, {name: name}, home=home)(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def build_backend(run: BackendRun) -> WorldModelBackend:
     spec = run.spec

@@ -15,12 +15,10 @@ from terra.contract.actions import NUM_ACTION_TOKENS, RULE
 from terra.contract.layout import DEFAULT_OVERLAP, TokenLayout, Window, plan_windows
 from terra.contract.routes import ROUTE_POINT_VALUES, check_route_shape, no_route, slot_routes
 from terra.core.errors import TerraInputError
-from terra.core.lazy import renamed
 from terra.core.progress import Progress
 from terra.generation.pass_stats import PassStats
 
 log = logging.getLogger("terra.generation")
-__getattr__ = renamed(__name__, {"DecodeStats": "PassStats"}, home="terra.generation.pass_stats")  # until 0.2.0
 
 
 @dataclass

@@ -12,7 +12,6 @@ import numpy as np
 
 from terra.config.backend import REQUEST_PATHS
 from terra.config.sampling import SamplingConfig
-from terra.core.lazy import renamed
 from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.vllm_backend import VLLMBackend
 
@@ -237,5 +236,3 @@ class StreamingVLLMBackend(VLLMBackend):
 
 
 __all__ = ["REQUEST_PATHS", "StreamingVLLMBackend"]
-__getattr__ = renamed(__name__, {"resolve_requests": "request_path"},  # until 0.2.0: chosen once per run
-                      home="terra.vllm.compat")

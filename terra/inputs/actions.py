@@ -23,13 +23,13 @@ from terra.contract.actions import (
     ACTION_POINT_INDICES, ACTION_TIMES, FRAME_RATE_HZ, FUTURE_POINTS, NUM_ACTION_TOKENS, finite_array, in_reach,
     number_from_text, validate_actions,
 )
-from terra.inputs.routes import GIVEN_ROUTE_KEYS, ROUTE_HINTS, ROUTE_KEYS
+from terra.inputs.routes import ROUTE_HINTS, ROUTE_KEYS
 from terra.inputs.trajectory import EgoTrajectory, MANOEUVRES, RATE_HZ, check_manoeuvre_params, manoeuvre_trajectory
 
 FRAMES = Range(1, MAX_FRAMES, 16, whole=True)  # frames a trajectory or manoeuvre may be asked for
 TRAJECTORY_KEYS = ("actions", "instruction_trajs", "trajectory", "manoeuvre")  # a JSON value's forms, one per value
 TRAJECTORY_SUFFIXES = (".json", ".csv", ".npy")
-TRAJECTORY_FILE_KEYS = (*TRAJECTORY_KEYS, *GIVEN_ROUTE_KEYS)  # every key a JSON trajectory object may hold
+TRAJECTORY_FILE_KEYS = (*TRAJECTORY_KEYS, *ROUTE_KEYS)  # every key a JSON trajectory object may hold
 FILE_HOLDS = (f"a trajectory holds one of {', '.join(TRAJECTORY_KEYS)} and optionally {' or '.join(ROUTE_KEYS)} "
               "(docs/generate.md)")
 MAPPING_KEYS = ("x", "y", "yaw", "t", "timestamp", "rate_hz")  # a "trajectory" mapping's

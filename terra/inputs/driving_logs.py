@@ -17,7 +17,7 @@ from terra.contract.actions import FRAME_RATE_HZ, validate_actions
 from terra.inputs.actions import (
     TRAJECTORY_SUFFIXES, actions_from_trajectory, motion_of, read_trajectory_file, trajectory_file_errors,
 )
-from terra.inputs.routes import GIVEN_ROUTE_KEYS
+from terra.inputs.routes import ROUTE_KEYS
 from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
 from terra.tokenizer.resize import fit_frame
 
@@ -99,7 +99,7 @@ def read_motion(path: Path) -> EgoTrajectory | np.ndarray:
     source = str(path)
     with trajectory_file_errors(source):
         value = read_trajectory_file(path)
-        carried = [key for key in GIVEN_ROUTE_KEYS if isinstance(value, dict) and value.get(key) is not None]
+        carried = [key for key in ROUTE_KEYS if isinstance(value, dict) and value.get(key) is not None]
         if carried:
             raise TerraInputError(f"{source}: carries {carried[0]!r}, but a clip's road is read from road.json, "
                                   "road.csv or clipgt/ beside its trajectory (docs/train.md); move it there")

@@ -34,7 +34,6 @@ class RolloutInputs:
     routes: np.ndarray | None = None
     route_source: str | None = None
     unused_routes: bool = False
-    old_routes: bool = False
     manoeuvre: Manoeuvre | None = None
     no_route: bool = False
     route_told: tuple[str, ...] | None = None
@@ -98,7 +97,7 @@ def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int
     if given.value is None:
         return RolloutInputs(actions, no_route=True)
     if not route_tokens:
-        return RolloutInputs(actions, unused_routes=True, old_routes=given.old)
+        return RolloutInputs(actions, unused_routes=True)
     frames = routes_needed(num_context, num_frames) + skip
     if given.key == ROAD:
         world = motion.motion if isinstance(motion, Manoeuvre) else motion
@@ -108,12 +107,11 @@ def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int
                                   "each frame's own ego frame: give ego_routes instead")
         routes, told = road_routes(given.value, world, frames, route_tokens, given.source)
     else:
-        routes = validate_routes(given.value, route_tokens, given.source, x_first=not given.old, ahead=True)
+        routes = validate_routes(given.value, route_tokens, given.source, x_first=True, ahead=True)
         if len(routes) < frames:
             raise TerraInputError(_too_few(given.source, len(routes), num_context, num_frames, skip))
         told = [TOLD] * len(routes)
-    return RolloutInputs(actions, routes[skip:], route_source=given.source, old_routes=given.old,
-                         route_told=tuple(told[skip:]))
+    return RolloutInputs(actions, routes[skip:], route_source=given.source, route_told=tuple(told[skip:]))
 
 
 def _too_few(source: str, given: int, num_context: int, num_frames: int, skip: int) -> str:

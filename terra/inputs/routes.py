@@ -13,16 +13,13 @@ import orjson
 from terra.contract.actions import FRAME_RATE_HZ
 from terra.contract.routes import ROAD_ENDED, TOLD
 from terra.core.errors import TerraInputError, clipped, error_reason
-from terra.core.lazy import REMOVED_IN
 from terra.inputs.trajectory import EgoTrajectory
 from terra.roads import Road, read_clipgt, read_road_file, road_from_json, told_routes_along
 from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M, nearest_lane
 
-ROAD, EGO_ROUTES, OLD_ROUTES = "road", "ego_routes", "routes"
+ROAD, EGO_ROUTES = "road", "ego_routes"
 ROUTE_KEYS = (ROAD, EGO_ROUTES)  # the routes a trajectory may carry beside its form
-GIVEN_ROUTE_KEYS = (*ROUTE_KEYS, OLD_ROUTES)  # every key read as a route, the old name included
-ROUTE_HINTS = {ROAD: ROAD, "roads": ROAD, EGO_ROUTES: EGO_ROUTES, OLD_ROUTES: EGO_ROUTES, "route": EGO_ROUTES}
-MOVED_ROUTES = f'"routes" ([y, x] rows) is now "ego_routes" ([x, y] rows); the old name goes in {REMOVED_IN}'
+ROUTE_HINTS = {ROAD: ROAD, "roads": ROAD, EGO_ROUTES: EGO_ROUTES, "routes": EGO_ROUTES, "route": EGO_ROUTES}
 ROUTE_FORMS = ('"road": [[x, y], ...] (the road in the trajectory\'s world frame) or "ego_routes": one [[x, y], ...] '
                "per frame (its ego frame)")
 
@@ -40,19 +37,14 @@ class GivenRoutes:
         """Where the routes are, for error lines: ``bend.json: ego_routes``."""
         return f"{self.where}: {self.key}"
 
-    @property
-    def old(self) -> bool:
-        """Given under the old name ``routes`` (rows ``[y, x]``)."""
-        return self.key == OLD_ROUTES
-
 
 def given_routes(mapping: Mapping, where: str, base: Path | None = None) -> GivenRoutes | None:
     """The routes ``mapping`` gives (None: no key gives any), a road read relative to ``base``."""
-    present = [key for key in GIVEN_ROUTE_KEYS if mapping.get(key) is not None]
+    present = [key for key in ROUTE_KEYS if mapping.get(key) is not None]
     if len(present) > 1:
         raise TerraInputError(f"{where}: gives {' and '.join(present)}; give one: {ROUTE_FORMS}")
     if not present:
-        null = [key for key in GIVEN_ROUTE_KEYS if key in mapping]
+        null = [key for key in ROUTE_KEYS if key in mapping]
         return GivenRoutes(null[0], None, where) if null else None
     key = present[0]
     value = mapping[key]
@@ -106,5 +98,5 @@ def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: in
     return routes, told
 
 
-__all__ = ["EGO_ROUTES", "GIVEN_ROUTE_KEYS", "GivenRoutes", "MOVED_ROUTES", "OLD_ROUTES", "ROAD", "ROUTE_HINTS",
-           "ROUTE_KEYS", "given_routes", "road_of_setting", "road_routes"]
+__all__ = ["EGO_ROUTES", "GivenRoutes", "ROAD", "ROUTE_HINTS", "ROUTE_KEYS", "given_routes", "road_of_setting",
+           "road_routes"]

@@ -14,15 +14,15 @@ from terra.config.checks import MAX_FRAMES, SEED, Range, check_keys, shown
 from terra.config.files import MAX_TRAJECTORY_BYTES, parse_json, read_input_text
 from terra.core.errors import TerraInputError, past
 from terra.inputs.actions import TRAJECTORY_KEYS
-from terra.inputs.routes import GIVEN_ROUTE_KEYS, ROUTE_HINTS, ROUTE_KEYS
+from terra.inputs.routes import ROUTE_HINTS, ROUTE_KEYS
 
 MAX_LINE_BYTES = MAX_TRAJECTORY_BYTES  # one sample, its inline trajectory included
 # A sample's own settings and their ranges (the batch's defaults of the same names use these ranges too)
 SAMPLE_SETTINGS = {"seed": SEED, "num_frames": Range(1, MAX_FRAMES, 16, whole=True)}
 # the keys of each format; an ACT-Bench row keeps ACT-Bench's other columns (reference_traj, ...), but a near miss
 # of one of these keys is refused there too
-TERRA_KEYS = ("sample_id", "context", *TRAJECTORY_KEYS, *GIVEN_ROUTE_KEYS, *SAMPLE_SETTINGS, "label")
-ACTBENCH_KEYS = ("sample_id", "context_frames", "instruction_trajs", *GIVEN_ROUTE_KEYS, *SAMPLE_SETTINGS, "label")
+TERRA_KEYS = ("sample_id", "context", *TRAJECTORY_KEYS, *ROUTE_KEYS, *SAMPLE_SETTINGS, "label")
+ACTBENCH_KEYS = ("sample_id", "context_frames", "instruction_trajs", *ROUTE_KEYS, *SAMPLE_SETTINGS, "label")
 HOLDS = (f"a sample holds sample_id, context (or context_frames), one of {', '.join(TRAJECTORY_KEYS)}, and "
          f"optionally {' or '.join(ROUTE_KEYS)}, {', '.join(SAMPLE_SETTINGS)}, label (docs/rollout.md)")
 

@@ -3,11 +3,9 @@
 :class:`SessionHost` opens :class:`Session`\\ s on a pipeline; ``session.step(action)`` returns the next :class:`Frame`.
 """
 
-from terra.core.lazy import moved_modules
 from terra.generation.session_engine import SessionEngine, StepResult
 from terra.session.driver_input import KeyDriver, drive_action, parse_action
 from terra.session.session import Frame, Session, SessionHost
 
-MOVED_MODULES = moved_modules(__name__, {"controls": "driver_input"})  # "controls": the fidelity study's word
 __all__ = ["Frame", "KeyDriver", "Session", "SessionEngine", "SessionHost", "StepResult", "drive_action",
            "parse_action"]

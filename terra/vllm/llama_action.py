@@ -30,7 +30,6 @@ from vllm.multimodal.processing import (
 from vllm.sequence import IntermediateTensors
 
 from terra.contract.layout import TokenLayout
-from terra.core.lazy import renamed
 from terra.models.modeling_llama_action import (
     SpatioTemporalEmbedding,
     build_action_projection,
@@ -313,4 +312,3 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
 
 
 __all__ = ["TerraForCausalLM", "TerraLlamaModel", "ActionMultiModalProcessor", "find_slots"]
-__getattr__ = renamed(__name__, {"find_action_slots": "find_slots"})  # until 0.2.0

@@ -1,7 +1,7 @@
-"""Routes in batch samples (docs/rollout.md, "Routes"): a sample's ``routes`` (Terra's format and ACT-Bench's, whose
-rows of unused context frames are dropped) or its JSON trajectory file's reach its request for a route model; a bad
-route fails its sample alone with one line before the model loads; a model without route slots runs the samples
-without them and the run says so in one line; each sidecar tells whether a route conditioned its rollout.
+"""Routes in batch samples (docs/rollout.md, "Routes"): a sample's ``ego_routes`` (Terra's format and ACT-Bench's,
+whose rows of unused context frames are dropped) or its JSON trajectory file's reach its request for a route model;
+a bad route fails its sample alone with one line before the model loads; a model without route slots runs the
+samples without them and the run says so in one line; each sidecar tells whether a route conditioned its rollout.
 
 Tiny models (:func:`tests.conftest.tiny_route_model`, K = 4; :func:`tests.conftest.tiny_model`, none) on 64x64
 frames, two generated frames: the file runs in seconds.
@@ -20,7 +20,7 @@ from terra.batch import BatchConfig, run_batch, stream
 from terra.contract.routes import route_distances
 from terra.sim import Scene, make_clip
 from tests.conftest import TINY_ROUTES, save_tiny_tokenizer, tiny_model, tiny_route_model
-from tests.test_route_files import bending_routes
+from tests.test_route_files import bending_routes, x_first
 
 NUM_CONTEXT, NUM_FRAMES = 3, 2
 FRAMES = NUM_CONTEXT + NUM_FRAMES
@@ -41,7 +41,7 @@ def inputs(tmp_path_factory) -> Path:
     for t in range(NUM_CONTEXT + 1):
         Image.fromarray(clip.frames[t]).save(root / "clip" / f"{t:02d}.png")
     (root / "trajs.json").write_text(json.dumps(np.round(clip.instruction_trajs, 3).tolist()))
-    routed = {"manoeuvre": "straight", "routes": (bending_routes() * 0.5).tolist()}
+    routed = {"manoeuvre": "straight", "ego_routes": x_first(bending_routes() * 0.5).tolist()}
     (root / "routed.json").write_text(json.dumps(routed))
     (root / "path.csv").write_text("x,y\n" + "".join(f"{1.2 * i},0.0\n" for i in range(40)))
     return root
@@ -52,15 +52,18 @@ def lines(root: Path) -> list[dict]:
     trajs = json.loads((root / "trajs.json").read_text())
     frames = [f"clip/{t:02d}.png" for t in range(NUM_CONTEXT + 1)]
     return [
-        {"sample_id": "inline", "context": "clip/", "manoeuvre": "straight", "routes": bending_routes().tolist()},
+        {"sample_id": "inline", "context": "clip/", "manoeuvre": "straight",
+         "ego_routes": x_first(bending_routes()).tolist()},
         {"sample_id": 7, "context_frames": frames, "instruction_trajs": trajs,  # 4 frames, 3 used: the first dropped
-         "routes": bending_routes(frames=FRAMES + 1).tolist()},
+         "ego_routes": x_first(bending_routes(frames=FRAMES + 1)).tolist()},
         {"sample_id": "file", "context": "clip/", "trajectory": "routed.json"},
-        {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv", "routes": (bending_routes() * 2).tolist()},
+        {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv",
+         "ego_routes": x_first(bending_routes() * 2).tolist()},
         {"sample_id": "none", "context": "clip/", "manoeuvre": "straight"},
         {"sample_id": "three_points", "context": "clip/", "manoeuvre": "straight",
-         "routes": bending_routes(points=3).tolist()},
-        {"sample_id": "twice", "context": "clip/", "trajectory": "routed.json", "routes": bending_routes().tolist()},
+         "ego_routes": x_first(bending_routes(points=3)).tolist()},
+        {"sample_id": "twice", "context": "clip/", "trajectory": "routed.json",
+         "ego_routes": x_first(bending_routes()).tolist()},
     ]
 
 
@@ -103,7 +106,8 @@ def test_samples_routes_reach_a_route_model_s_requests(inputs, tmp_path, monkeyp
         np.testing.assert_allclose(routes[sample_id][..., :2], given, rtol=1e-6, err_msg=str(sample_id))
         assert sidecars[sample_id]["route"] is True
     assert routes["none"] is None and sidecars["none"]["route"] is False  # control: no routes, no route
-    for sample_id, text in [("three_points", "sample 'three_points': routes: routes must have shape [frames, 4, 2]"),
+    for sample_id, text in [("three_points", "sample 'three_points': ego_routes: routes must have shape [frames, 4, "
+                                             "2]"),
                             ("twice", "sample 'twice' gives routes twice, in the sample and in its trajectory file "
                                       "'routed.json'; keep one")]:
         record = records[sample_id]
@@ -149,7 +153,8 @@ def test_a_rerun_redoes_a_sample_whose_trajectory_file_or_world_model_changed(in
     assert rerun(model) == {"file": "ok", "same": "ok"}
     assert json.loads((out / "file.json").read_text())["route"] is False and routes["file"] is None
     for scale in (1.0, 0.5):  # the file gains routes, then its routes change
-        trajectory.write_text(json.dumps({"manoeuvre": "straight", "routes": (bending_routes() * scale).tolist()}))
+        ego_routes = x_first(bending_routes() * scale).tolist()
+        trajectory.write_text(json.dumps({"manoeuvre": "straight", "ego_routes": ego_routes}))
         assert rerun(model) == {"file": "ok", "same": "skipped"}
         assert json.loads((out / "file.json").read_text())["route"] is True
         np.testing.assert_allclose(routes["file"][..., :2], bending_routes() * scale, rtol=1e-6)
@@ -164,10 +169,10 @@ def test_a_rerun_redoes_a_sample_whose_trajectory_file_or_world_model_changed(in
     assert "terra-rollout: 2 samples redone: the world model changed" in capsys.readouterr().err
 
 
-def test_samples_give_a_road_or_ego_routes_and_the_old_key_says_so_once(inputs, tmp_path, monkeypatch, capsys):
+def test_samples_give_a_road_or_ego_routes(inputs, tmp_path, monkeypatch):
     """A sample's ``road`` (beside an inline trajectory, a CSV file of poses or the default manoeuvre) becomes every
-    frame's route at its pose; ``ego_routes`` are x first; ``routes`` is read ``[y, x]`` with one line for the run;
-    a misspelt key fails its line, a road beside ACT-Bench's ego-frame trajectories its sample, each in one line."""
+    frame's route at its pose; ``ego_routes`` are x first; a misspelt key fails its line, a road beside ACT-Bench's
+    ego-frame trajectories its sample, each in one line."""
     road = [[-20.0, 0.0], [200.0, 0.0]]  # the straight road the samples drive along x
     trajs = json.loads((inputs / "trajs.json").read_text())
     frames = [f"clip/{t:02d}.png" for t in range(NUM_CONTEXT + 1)]
@@ -176,9 +181,7 @@ def test_samples_give_a_road_or_ego_routes_and_the_old_key_says_so_once(inputs, 
              {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv", "road": road},
              {"sample_id": "default", "context": "clip/", "road": road},
              {"sample_id": "ego", "context": "clip/", "manoeuvre": "straight",
-              "ego_routes": bending_routes()[..., ::-1].tolist()},
-             {"sample_id": "old", "context": "clip/", "manoeuvre": "straight", "routes": bending_routes().tolist()},
-             {"sample_id": "old2", "context": "clip/", "manoeuvre": "straight", "routes": bending_routes().tolist()},
+              "ego_routes": x_first(bending_routes()).tolist()},
              {"sample_id": "typo", "context": "clip/", "manoeuvre": "straight", "route": bending_routes().tolist()},
              {"sample_id": "actbench", "context_frames": frames, "instruction_trajs": trajs, "road": road}]
     samples = inputs / f"{tmp_path.name}.jsonl"
@@ -194,16 +197,13 @@ def test_samples_give_a_road_or_ego_routes_and_the_old_key_says_so_once(inputs, 
     for sample_id in ("road", "csv", "default"):
         assert records[sample_id]["status"] == "ok", records[sample_id]
         np.testing.assert_allclose(routes[sample_id][..., :2], straight, atol=1e-4, err_msg=sample_id)
-    for sample_id in ("ego", "old", "old2"):
+    for sample_id in ("ego",):
         np.testing.assert_allclose(routes[sample_id][..., :2], bending_routes(), rtol=1e-6, err_msg=sample_id)
     assert records["typo"]["stage"] == "parse" and "unknown key 'route' (did you mean 'ego_routes'?)" in \
         records["typo"]["error"]
     assert records["actbench"]["stage"] == "input"
     assert "sample 'actbench': road: a road is followed along the trajectory's world poses" in \
         records["actbench"]["error"]
-    said = [line for line in capsys.readouterr().err.splitlines() if '"routes"' in line]
-    assert said == ['terra-rollout: 2 sample(s): "routes" ([y, x] rows) is now "ego_routes" ([x, y] rows); the old '
-                    "name goes in 0.2.0"]
 
 
 def test_a_samples_road_may_be_a_file_beside_the_samples(inputs, tmp_path, monkeypatch):

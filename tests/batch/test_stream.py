@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from terra.batch import BatchConfig, BatchSpec, concurrency, prepare, stream, writer
+from terra.batch import BatchConfig, BatchSpec, concurrency, prepared_sample, stream, writer
 from terra.generation import backends, resolve
 from terra.contract.layout import TokenLayout
 from terra.generation.pass_stats import PassStats
@@ -78,7 +78,7 @@ def fakes(monkeypatch):
         if item.sample == 5:
             raise ValueError("unreadable frame")
         request = SimpleNamespace(key=item.sample, num_frames=1 + item.sample % 3)
-        return prepare.PreparedSample(item, request, None, [], 1, started)
+        return prepared_sample.PreparedSample(item, request, None, [], 1, started)
 
     def fake_write(self, prepared, generated, generate_s, stats):
         written.append(prepared.item.sample)

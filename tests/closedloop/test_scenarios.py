@@ -67,7 +67,7 @@ def test_a_jsonl_scenario_refuses_a_route_in_one_line(tmp_path):
     cases = {"ego_routes": ({**base, "ego_routes": seven}, "line 1: gives ego_routes, but terra-drive takes no route "
                                                            "from a JSONL sample"),
              "road": ({**base, "road": [[0, 0], [100, 0]]}, "line 1: gives road, but terra-drive takes no route"),
-             "old": ({**base, "routes": seven}, "line 1: gives routes, but terra-drive takes no route"),
+             "old": ({**base, "routes": seven}, "line 1: unknown key 'routes' (did you mean 'ego_routes'?)"),
              "typo": ({**base, "route": seven}, "line 1: unknown key 'route' (did you mean 'ego_routes'?)"),
              "file": ({"sample_id": "a", "context": base["context"], "trajectory": "routed.json"},
                       "sample 'a': the trajectory carries routes, but terra-drive takes no route"),

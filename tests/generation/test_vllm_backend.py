@@ -109,15 +109,12 @@ def test_seeded_sampling_is_independent_of_batching(vllm_backend):
 
 def test_find_slots():
     pytest.importorskip("vllm", reason="vLLM is not installed")
-    from terra.vllm import llama_action
     from terra.vllm.llama_action import find_slots
 
     ids = [1, 2, 9, 9, 9, 3, 9, 9, 9, 9, 9, 9]
     assert find_slots(ids, 9, 3) == [2, 6, 9]
     with pytest.raises(ValueError, match="whole number of frames"):
         find_slots([1, 9, 9, 2], 9, 3)
-    with pytest.warns(FutureWarning, match="find_action_slots is now terra.vllm.llama_action.find_slots"):
-        assert llama_action.find_action_slots is find_slots  # the old name until 0.2.0
 
 
 def test_prompt_and_items_must_match(vllm_backend):

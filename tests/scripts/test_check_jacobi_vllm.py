@@ -34,14 +34,13 @@ def test_an_engine_is_draft_tokens_and_passes_a_step(check):
         check.parse_args(["--out", "o.json", "--demo-draft-tokens", "32y2"])
 
 
-@pytest.mark.parametrize("key", ["draft_tokens", "block_size"])  # block_size: a file written before the rename
-def test_projection_is_passes_per_frame_times_step_time(check, tmp_path, key):
+def test_projection_is_passes_per_frame_times_step_time(check, tmp_path):
     passes = tmp_path / "decoding.json"
     passes.write_text(json.dumps({"layout": {"image_tokens": 576}, "modes": [
         {"available": True, "temperature": 0.9, "sampling": {"decoding": "sequential"}, "passes_per_frame": 576},
-        {"available": True, "temperature": 0.9, "sampling": {"decoding": "speculative", key: 16},
+        {"available": True, "temperature": 0.9, "sampling": {"decoding": "speculative", "draft_tokens": 16},
          "passes_per_frame": 59.0},
-        {"available": True, "temperature": 0.0, "sampling": {"decoding": "speculative", key: 16},
+        {"available": True, "temperature": 0.0, "sampling": {"decoding": "speculative", "draft_tokens": 16},
          "passes_per_frame": 20.0}]}))
     runs = [{"streams": 1, "step_s": 0.003}, {"streams": 64, "step_s": 0.01}, {"streams": 256, "step_s": 0.04}]
     terra = [{"draft_tokens": 0, "runs": runs}, {"draft_tokens": 16, "runs": runs}, {"draft_tokens": 32, "runs": runs}]
@@ -67,8 +66,7 @@ def test_projection_alone_from_a_finished_json(check, tmp_path):
     passes = tmp_path / "decoding.json"
     passes.write_text(json.dumps({"layout": {"image_tokens": 576}, "modes": []}))
     out = tmp_path / "jacobi.json"
-    # an engine's record as files written before the rename have it ("block")
-    out.write_text(json.dumps({"terra": [{"block": 0, "runs": [{"streams": 1, "step_s": 0.0025}]}]}))
+    out.write_text(json.dumps({"terra": [{"draft_tokens": 0, "runs": [{"streams": 1, "step_s": 0.0025}]}]}))
     report = check.main(["--parts", "", "--passes", str(passes), "--out", str(out)])
     assert report["projection"]["rows"] == [{"draft_tokens": 0, "passes_per_frame": 576,
                                              "one_stream_s_per_frame": 1.44}]

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Iterator, NoReturn, Sequence, TypeVar
 
 from terra.config.checks import MAX_SEED
-from terra.config.moved import DRAFT_TOKENS as DRAFT_TOKENS_SETTING
 from terra.config.sampling import SAMPLING
 from terra.core.device import check_device
 from terra.core.errors import TerraInputError
@@ -132,7 +131,7 @@ def device_name(text: str) -> str:
 SEED = in_range(int, 0, MAX_SEED)  # every seed flag (terra/config/checks.py's bound)
 THREADS = in_range(int, 1, 1024)  # torch's CPU threads
 TEMPERATURE = in_range(float, 0, SAMPLING["temperature"].high)  # sampling.temperature's range (0: greedy)
-DRAFT_TOKENS = in_range(int, DRAFT_TOKENS_SETTING.check.low, DRAFT_TOKENS_SETTING.check.high)  # sampling.draft_tokens
+DRAFT_TOKENS = in_range(int, SAMPLING["draft_tokens"].low, SAMPLING["draft_tokens"].high)  # sampling.draft_tokens
 
 
 def existing(what: str = "folder", holding: str | None = None) -> Callable[[str], Path]:

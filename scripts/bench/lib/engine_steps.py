@@ -185,12 +185,8 @@ def engine_label(drafts: int, passes: int) -> str:
 
 
 def draft_tokens_of(record: dict[str, Any]) -> int | None:
-    """A record's ``draft_tokens`` (an engine's, or a mode's sampling settings); files written before the name was
-    ``draft_tokens`` say ``block`` or ``block_size``."""
-    for key in ("draft_tokens", "block", "block_size"):
-        if record.get(key) is not None:
-            return int(record[key])
-    return None
+    """A record's ``draft_tokens`` (an engine's, or a mode's sampling settings)."""
+    return None if record.get("draft_tokens") is None else int(record["draft_tokens"])
 
 
 def step_table(report: dict[str, Any]) -> list[dict[str, Any]]:

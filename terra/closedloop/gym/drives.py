@@ -26,7 +26,6 @@ from terra.closedloop.outcomes.truth import truth_metrics
 from terra.closedloop.recording.settings import SETTINGS
 from terra.closedloop.worlds import TRUTH, WORLD_METHODS, TrueWorld, World
 from terra.config.checks import check_choice, check_whole_number
-from terra.config.moved import ACTION_MODE, moved_value
 from terra.core.errors import TerraInputError
 
 RESET_OPTIONS = ("scenario",)  # what reset(options=...) takes
@@ -122,7 +121,7 @@ class EnvDrives:
                  image_size: Sequence[int]) -> None:
         self.num_steps = SETTINGS["num_steps"].check(num_steps, "num_steps")
         self.vehicle = check_choice(vehicle, "vehicle", VEHICLES)
-        self.action_mode = check_choice(moved_value(ACTION_MODE, action_mode), "action_mode", ACTION_MODES)
+        self.action_mode = check_choice(action_mode, "action_mode", ACTION_MODES)
         self.reward = check_choice(reward, "reward", REWARDS)
         if self.action_mode == "actuation" and self.vehicle != "bicycle":
             raise TerraInputError(f"action_mode='actuation' steers the bicycle vehicle; vehicle={vehicle!r} follows "

@@ -28,12 +28,10 @@ from terra.closedloop.worlds import TRUTH, World
 from terra.config.manifest import MANIFEST
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
 from terra.core.atomic import json_text, write_text
-from terra.core.lazy import renamed
 from terra.stats import FAIL, PASS, Bootstrap, mean, paired_difference
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
 SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
-__getattr__ = renamed(__name__, {"run_fidelity": "run_study", "FidelityReport": "StudyReport"})  # until 0.2.0
 COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's record holds it (metrics block, metric)
     "time_in_lane": ("time in lane", ("truth", "time_in_lane")),  # truth
     "mean_abs_lane_offset_m": ("lane offset m", ("truth", "mean_abs_lane_offset_m")),

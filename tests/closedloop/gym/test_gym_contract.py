@@ -151,18 +151,10 @@ def test_lane_keeping_pays_progress_along_the_road_less_the_lane_offset():
     assert rewards[0] > 0.5 and rewards[-1] < rewards[0] - 0.2  # steered off the centre, it earns less
 
 
-def test_the_old_action_mode_value_still_works_with_one_line(capsys):
-    env = DriveEnv(action_mode="control", **SMALL)  # "controls" are the worlds known to be wrong alone
-    assert env.action_space.shape == (2,) and env.unwrapped._drives.action_mode == "actuation"
-    assert capsys.readouterr().err.splitlines() == [
-        "terra: action_mode=control is now action_mode=actuation; the old value goes in 0.2.0"]
-    DriveEnv(action_mode="actuation", **SMALL)  # the control: the new value says nothing
-    assert capsys.readouterr().err == ""
-
-
 def test_settings_are_refused_in_one_line():
-    refused(TerraInputError, "unknown action_mode 'controls'; choose one of: actuation, plan", DriveEnv,
-            action_mode="controls", **SMALL)
+    for mode in ("controls", "control"):
+        refused(TerraInputError, f"unknown action_mode '{mode}'; choose one of: actuation, plan", DriveEnv,
+                action_mode=mode, **SMALL)
     refused(TerraInputError, "unknown reward 'lane'; choose one of: progress, lane_keeping", DriveEnv, reward="lane",
             **SMALL)
     refused(TerraInputError, "action_mode='actuation' steers the bicycle vehicle", DriveEnv, vehicle="exact", **SMALL)

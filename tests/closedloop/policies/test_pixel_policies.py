@@ -164,7 +164,7 @@ def test_a_file_that_is_no_safetensors_is_refused(tmp_path):
 
 def test_bad_weights_of_the_learned_driver_are_refused_with_the_settings(tmp_path, monkeypatch):
     """Checked before any drive (exit 2, nothing written), as agents and worlds are: not when a drive builds it."""
-    from terra.closedloop import learned
+    from terra.closedloop.policies import learned
     from tests.closedloop.conftest import drive_settings_of
 
     path = tmp_path / "model.safetensors"
