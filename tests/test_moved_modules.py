@@ -90,16 +90,6 @@ def test_a_renamed_public_function_is_found_under_its_old_name_for_one_release()
         from terra.closedloop.study.report import run_nothing  # noqa: F401
 
 
-def test_the_routes_old_function_name_is_found_for_one_release():
-    from terra.contract import routes
-
-    with pytest.warns(FutureWarning, match="routes.route_points is now terra.contract.routes.routes_from_yx"):
-        from terra.contract.routes import route_points
-    assert route_points is routes.routes_from_yx
-    with pytest.raises(ImportError):  # the control: a name the contract never had
-        from terra.contract.routes import route_nothing  # noqa: F401
-
-
 def test_the_forward_pass_figures_old_name_is_found_for_one_release():
     from terra.generation import pass_stats, rollout
 

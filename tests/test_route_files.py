@@ -54,9 +54,9 @@ def models(tmp_path_factory) -> Path:
 
 
 def bending_routes(frames: int = FRAMES, points: int = TINY_ROUTES) -> np.ndarray:
-    """``[frames, K, 2]`` y, x: a road bending left ever more sharply, a different route for every frame."""
+    """``[frames, K, 2]`` x, y: a road bending left ever more sharply, a different route for every frame."""
     s = route_distances(points).astype(np.float64)
-    return np.stack([np.stack([0.002 * (t + 1) * s**2, s], axis=1) for t in range(frames)])
+    return np.stack([np.stack([s, 0.002 * (t + 1) * s**2], axis=1) for t in range(frames)])
 
 
 def write_trajectory(path: Path, routes, key: str = "routes", **form) -> Path:
@@ -65,8 +65,8 @@ def write_trajectory(path: Path, routes, key: str = "routes", **form) -> Path:
     return path
 
 
-def x_first(routes) -> np.ndarray:
-    """Routes ``[..., K, 2|3]`` written ``[y, x(, s)]`` as a person writes them, ``[x, y(, s)]``."""
+def y_first(routes) -> np.ndarray:
+    """Routes ``[..., K, 2|3]`` ``[x, y(, s)]`` as the old key ``routes`` takes them, ``[y, x(, s)]``."""
     routes = np.array(routes, dtype=np.float64)
     routes[..., [0, 1]] = routes[..., [1, 0]]
     return routes
@@ -103,9 +103,9 @@ def test_a_route_model_s_requests_carry_the_file_s_routes_read_and_checked_once(
                                                                                 key, values):
     """``ego_routes`` rows ``[x, y]`` or ``[x, y, s]``; the old key ``routes``, rows ``[y, x]``, as before."""
     routes = bending_routes()
-    if values == 3:  # [y, x, s]: the distances written out
+    if values == 3:  # [x, y, s]: the distances written out
         routes = np.concatenate([routes, np.broadcast_to(route_distances(TINY_ROUTES)[:, None], (FRAMES, 4, 1))], -1)
-    trajectory = write_trajectory(tmp_path / "bend.json", x_first(routes) if key == "ego_routes" else routes, key)
+    trajectory = write_trajectory(tmp_path / "bend.json", routes if key == "ego_routes" else y_first(routes), key)
     with calls(terra.inputs.actions.read_trajectory_file, terra.config.files.read_input_text,
                terra.contract.actions.validate_actions, terra.contract.routes.validate_routes) as counts:
         requests = run_generate(models, "route_model", trajectory, tmp_path / "out", monkeypatch, "num_samples=2")
@@ -131,7 +131,7 @@ def test_a_control_without_routes_gives_requests_without_a_route(models, tmp_pat
 
 def test_a_model_without_route_slots_runs_without_the_file_s_routes_and_says_so_once(models, tmp_path,
                                                                                      monkeypatch, capsys):
-    trajectory = write_trajectory(tmp_path / "bend.json", x_first(bending_routes(frames=2, points=7)),
+    trajectory = write_trajectory(tmp_path / "bend.json", bending_routes(frames=2, points=7),
                                   "ego_routes")  # not checked: unused
     [request] = run_generate(models, "plain_model", trajectory, tmp_path / "out", monkeypatch)
     assert request.routes is None
@@ -148,7 +148,7 @@ def _with_s(routes: np.ndarray, s: np.ndarray) -> np.ndarray:
 # case → (the file's routes, text its one line holds)
 BAD_ROUTES = {
     "wrong_number_of_points": (bending_routes(points=3), "routes must have shape [frames, 4, 2]"),
-    "too_far": (bending_routes() * [1.0, 15.0], "a route point lies 1200 m from the car, more than 1000 m"),
+    "too_far": (bending_routes() * [15.0, 1.0], "a route point lies 1200 m from the car, more than 1000 m"),
     "too_few_frames": (bending_routes(frames=FRAMES - 1), "gives 4 routes, one short: the rollout has 5 frames (3 "
                        "context + 2 generated), and each needs its route"),
     "s_not_the_distances": (_with_s(bending_routes(), np.arange(1.0, 5.0)), "third values must be its points' "
@@ -180,13 +180,13 @@ def test_a_nan_route_in_a_mapping_is_one_line():
 def test_skip_drops_the_routes_of_the_frames_not_used():
     """ACT-Bench's rule: the rows of context frames not used go, routes as actions."""
     routes = bending_routes(frames=FRAMES + 2)
-    given = trajectory_inputs({"manoeuvre": "straight", "routes": routes}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES,
+    given = trajectory_inputs({"manoeuvre": "straight", "ego_routes": routes}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES,
                               skip=2)
     np.testing.assert_allclose(given.routes[..., :2], routes[2:], rtol=1e-6)
     with pytest.raises(TerraInputError, match=r"gives 6 routes, one short: the rollout has 5 frames \(3 context \+ 2 "
                                               r"generated\) after 2 context frames not used, and each of the 7 needs "
                                               r"its route, frame 0 \(the trajectory's first pose\) to frame 6"):
-        trajectory_inputs({"manoeuvre": "straight", "routes": routes[1:]}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES,
+        trajectory_inputs({"manoeuvre": "straight", "ego_routes": routes[1:]}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES,
                           skip=2)
 
 
@@ -225,9 +225,9 @@ def test_the_docs_route_example_writes_a_file_that_a_k8_model_reads(tmp_path, mo
     given = trajectory_inputs(tmp_path / "bend.json", 3, 16, route_tokens=8)
     assert given.routes.shape == (19, 8, 3)
     np.testing.assert_allclose(given.routes[0, :, 2], np.arange(10, 90, 10))  # s: 10, 20, ..., 80 m
-    assert (np.diff(given.routes[0, :, 0]) > 0).all()  # y grows: the road bends left
+    assert (np.diff(given.routes[0, :, 1]) > 0).all()  # y grows: the road bends left
     assert given.actions[-1, -1, 0] > 0  # and curve_left drives left
-    np.testing.assert_allclose(np.hypot(given.routes[0, :, 0] - 200.0, given.routes[0, :, 1]), 200.0, atol=0.01)
+    np.testing.assert_allclose(np.hypot(given.routes[0, :, 0], given.routes[0, :, 1] - 200.0), 200.0, atol=0.01)
     four = trajectory_inputs(tmp_path / "bend.json", 3, 16, route_tokens=4)  # a road serves a model of any K
     np.testing.assert_allclose(four.routes[..., :2], given.routes[:, 1::2, :2], atol=0.01)
 
@@ -241,16 +241,16 @@ STRAIGHT = [[float(s), 0.0] for s in route_distances(TINY_ROUTES)]  # [x, y]: th
 def test_ego_routes_are_x_first_so_a_straight_road_is_straight_ahead():
     given = trajectory_inputs({"manoeuvre": "straight", "ego_routes": [STRAIGHT] * FRAMES}, NUM_CONTEXT, NUM_FRAMES,
                               TINY_ROUTES)
-    np.testing.assert_array_equal(given.routes[..., 0], 0.0)  # y: no turn (read as [y, x] it was a 90-degree left)
-    np.testing.assert_array_equal(given.routes[..., 1], np.broadcast_to(route_distances(TINY_ROUTES), (FRAMES, 4)))
+    np.testing.assert_array_equal(given.routes[..., 1], 0.0)  # y: no turn (read as [y, x] it was a 90-degree left)
+    np.testing.assert_array_equal(given.routes[..., 0], np.broadcast_to(route_distances(TINY_ROUTES), (FRAMES, 4)))
     assert not given.old_routes
 
 
 def test_x_first_rows_under_the_old_key_are_refused_as_not_ahead_of_the_car():
     """The old key reads ``[y, x]`` as before; the straight road written x first there (a road turning left at
     once) is no road ahead, and so is a route behind the car under the new key."""
-    old = trajectory_inputs({"manoeuvre": "straight", "routes": bending_routes().tolist()}, NUM_CONTEXT, NUM_FRAMES,
-                            TINY_ROUTES)
+    old = trajectory_inputs({"manoeuvre": "straight", "routes": y_first(bending_routes()).tolist()}, NUM_CONTEXT,
+                            NUM_FRAMES, TINY_ROUTES)
     assert old.old_routes
     np.testing.assert_allclose(old.routes[..., :2], bending_routes(), rtol=1e-6)
     with pytest.raises(TerraInputError, match=r"^scene 7: routes: the route of frame 0 does not lie ahead of the car: "
@@ -266,7 +266,7 @@ def test_x_first_rows_under_the_old_key_are_refused_as_not_ahead_of_the_car():
 
 
 def test_the_old_key_says_so_in_one_line(models, tmp_path, monkeypatch, capsys):
-    trajectory = write_trajectory(tmp_path / "bend.json", bending_routes())  # "routes": rows [y, x]
+    trajectory = write_trajectory(tmp_path / "bend.json", y_first(bending_routes()))  # "routes": rows [y, x]
     [request] = run_generate(models, "route_model", trajectory, tmp_path / "out", monkeypatch)
     np.testing.assert_allclose(request.routes[..., :2], bending_routes(), rtol=1e-6)
     said = [line for line in capsys.readouterr().err.splitlines() if "routes" in line]
@@ -384,13 +384,13 @@ def test_at_a_fork_the_road_follows_the_branch_the_trajectory_takes():
         along = np.concatenate([np.stack([np.arange(0.0, 30.0, 1.2), np.zeros(25)], axis=1), branch[side][1:]])
         given = trajectory_inputs({"trajectory": {"x": along[:, 0].tolist(), "y": along[:, 1].tolist()},
                                    "road": road}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES)
-        assert np.sign(given.routes[:, -1, 0]).tolist() == [sign] * FRAMES  # y at 80 m: on the branch taken
+        assert np.sign(given.routes[:, -1, 1]).tolist() == [sign] * FRAMES  # y at 80 m: on the branch taken
 
 
 def test_a_road_needs_world_poses_and_a_lane_near_them():
     road = [[-20.0, 0.0], [200.0, 0.0]]
     given = trajectory_inputs({"manoeuvre": "straight", "road": road}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES)
-    straight = np.array([[0.0, 1.0]]) * route_distances(4)[:, None]
+    straight = np.array([[1.0, 0.0]]) * route_distances(4)[:, None]
     np.testing.assert_allclose(given.routes[..., :2], np.broadcast_to(straight, (FRAMES, 4, 2)), atol=1e-4)
     assert given.manoeuvre is not None and given.manoeuvre.name == "straight"
     with pytest.raises(TerraInputError, match=r"^s: road: a road is followed along the trajectory's world poses"):

@@ -109,9 +109,9 @@ def test_road_path_or_inline_tells_every_frame_its_route_and_a_bad_one_stops_bef
     for value in (str(road), "[[-20, 0], [200, 0]]"):
         [request] = run_generate(models, "route_model", None, tmp_path / f"out{len(value)}", monkeypatch,
                                  "manoeuvre=straight", f"road='{value}'")
-        np.testing.assert_allclose(request.routes[..., 1], np.broadcast_to(route_distances(4), (FRAMES, 4)),
+        np.testing.assert_allclose(request.routes[..., 0], np.broadcast_to(route_distances(4), (FRAMES, 4)),
                                    atol=1e-3)
-        np.testing.assert_allclose(request.routes[..., 0], 0.0, atol=1e-3)
+        np.testing.assert_allclose(request.routes[..., 1], 0.0, atol=1e-3)
     loads = []
     monkeypatch.setattr("terra.tokenizer.load_tokenizer", lambda *a, **k: loads.append(a))
     start = time.perf_counter()

@@ -20,7 +20,7 @@ from terra.batch import BatchConfig, run_batch, stream
 from terra.contract.routes import route_distances
 from terra.sim import Scene, make_clip
 from tests.conftest import TINY_ROUTES, save_tiny_tokenizer, tiny_model, tiny_route_model
-from tests.test_route_files import bending_routes
+from tests.test_route_files import bending_routes, y_first
 
 NUM_CONTEXT, NUM_FRAMES = 3, 2
 FRAMES = NUM_CONTEXT + NUM_FRAMES
@@ -41,7 +41,7 @@ def inputs(tmp_path_factory) -> Path:
     for t in range(NUM_CONTEXT + 1):
         Image.fromarray(clip.frames[t]).save(root / "clip" / f"{t:02d}.png")
     (root / "trajs.json").write_text(json.dumps(np.round(clip.instruction_trajs, 3).tolist()))
-    routed = {"manoeuvre": "straight", "routes": (bending_routes() * 0.5).tolist()}
+    routed = {"manoeuvre": "straight", "routes": y_first(bending_routes() * 0.5).tolist()}
     (root / "routed.json").write_text(json.dumps(routed))
     (root / "path.csv").write_text("x,y\n" + "".join(f"{1.2 * i},0.0\n" for i in range(40)))
     return root
@@ -52,15 +52,18 @@ def lines(root: Path) -> list[dict]:
     trajs = json.loads((root / "trajs.json").read_text())
     frames = [f"clip/{t:02d}.png" for t in range(NUM_CONTEXT + 1)]
     return [
-        {"sample_id": "inline", "context": "clip/", "manoeuvre": "straight", "routes": bending_routes().tolist()},
+        {"sample_id": "inline", "context": "clip/", "manoeuvre": "straight",
+         "routes": y_first(bending_routes()).tolist()},
         {"sample_id": 7, "context_frames": frames, "instruction_trajs": trajs,  # 4 frames, 3 used: the first dropped
-         "routes": bending_routes(frames=FRAMES + 1).tolist()},
+         "routes": y_first(bending_routes(frames=FRAMES + 1)).tolist()},
         {"sample_id": "file", "context": "clip/", "trajectory": "routed.json"},
-        {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv", "routes": (bending_routes() * 2).tolist()},
+        {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv",
+         "routes": y_first(bending_routes() * 2).tolist()},
         {"sample_id": "none", "context": "clip/", "manoeuvre": "straight"},
         {"sample_id": "three_points", "context": "clip/", "manoeuvre": "straight",
-         "routes": bending_routes(points=3).tolist()},
-        {"sample_id": "twice", "context": "clip/", "trajectory": "routed.json", "routes": bending_routes().tolist()},
+         "routes": y_first(bending_routes(points=3)).tolist()},
+        {"sample_id": "twice", "context": "clip/", "trajectory": "routed.json",
+         "routes": y_first(bending_routes()).tolist()},
     ]
 
 
@@ -149,7 +152,8 @@ def test_a_rerun_redoes_a_sample_whose_trajectory_file_or_world_model_changed(in
     assert rerun(model) == {"file": "ok", "same": "ok"}
     assert json.loads((out / "file.json").read_text())["route"] is False and routes["file"] is None
     for scale in (1.0, 0.5):  # the file gains routes, then its routes change
-        trajectory.write_text(json.dumps({"manoeuvre": "straight", "routes": (bending_routes() * scale).tolist()}))
+        old_key = {"routes": y_first(bending_routes() * scale).tolist()}
+        trajectory.write_text(json.dumps({"manoeuvre": "straight", **old_key}))
         assert rerun(model) == {"file": "ok", "same": "skipped"}
         assert json.loads((out / "file.json").read_text())["route"] is True
         np.testing.assert_allclose(routes["file"][..., :2], bending_routes() * scale, rtol=1e-6)
@@ -176,9 +180,11 @@ def test_samples_give_a_road_or_ego_routes_and_the_old_key_says_so_once(inputs, 
              {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv", "road": road},
              {"sample_id": "default", "context": "clip/", "road": road},
              {"sample_id": "ego", "context": "clip/", "manoeuvre": "straight",
-              "ego_routes": bending_routes()[..., ::-1].tolist()},
-             {"sample_id": "old", "context": "clip/", "manoeuvre": "straight", "routes": bending_routes().tolist()},
-             {"sample_id": "old2", "context": "clip/", "manoeuvre": "straight", "routes": bending_routes().tolist()},
+              "ego_routes": bending_routes().tolist()},
+             {"sample_id": "old", "context": "clip/", "manoeuvre": "straight",
+              "routes": y_first(bending_routes()).tolist()},
+             {"sample_id": "old2", "context": "clip/", "manoeuvre": "straight",
+              "routes": y_first(bending_routes()).tolist()},
              {"sample_id": "typo", "context": "clip/", "manoeuvre": "straight", "route": bending_routes().tolist()},
              {"sample_id": "actbench", "context_frames": frames, "instruction_trajs": trajs, "road": road}]
     samples = inputs / f"{tmp_path.name}.jsonl"
@@ -223,5 +229,5 @@ def test_a_samples_road_may_be_a_file_beside_the_samples(inputs, tmp_path, monke
     records = {r["sample_id"]: r for r in result.records}
     assert records["file"]["status"] == records["inline"]["status"] == "ok"
     np.testing.assert_array_equal(routes["file"], routes["inline"])
-    np.testing.assert_allclose(routes["file"][..., 1], np.broadcast_to(route_distances(4), (FRAMES, 4)), atol=1e-3)
+    np.testing.assert_allclose(routes["file"][..., 0], np.broadcast_to(route_distances(4), (FRAMES, 4)), atol=1e-3)
     assert records["missing"]["stage"] == "input" and "nowhere.csv: does not exist" in records["missing"]["error"]

@@ -13,7 +13,7 @@ from terra.config.sampling import SamplingConfig
 from terra.generation.backends import model_backend
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
-from terra.contract.routes import routes_from_yx
+from terra.contract.routes import route_slot_values, routes_from_xy
 from tests.conftest import TINY_ROUTES, tiny_route_model
 
 P, A, K, WINDOW = 64, 6, TINY_ROUTES, 6
@@ -32,7 +32,7 @@ def request(seed: int, num_context: int = 2, num_frames: int = 7, routes: bool =
     frames = num_context + num_frames
     return RolloutRequest(rng.integers(0, 512, (num_context, P)),
                           rng.normal(size=(frames - 1, A, 3)).astype(np.float32), num_frames, seed=seed,
-                          routes=routes_from_yx(rng.normal(0, 4, (frames, K, 2))) if routes else None)
+                          routes=routes_from_xy(rng.normal(0, 4, (frames, K, 2))) if routes else None)
 
 
 @torch.no_grad()
@@ -47,7 +47,8 @@ def full_recomputation(model, req: RolloutRequest, overlap: int = 3) -> np.ndarr
         window = range(start, len(frames))
         # the new frame's own slots come after its image tokens: any value stands in for them
         actions = np.concatenate([req.actions[start : len(frames)], np.zeros((1, A, 3), np.float32)])
-        routes = np.concatenate([req.routes[start + 1 : len(frames) + 1], np.zeros((1, K, 3), np.float32)])
+        routes = np.concatenate([route_slot_values(req.routes[start + 1 : len(frames) + 1]),
+                                 np.zeros((1, K, 3), np.float32)])
         actions, routes = torch.from_numpy(actions).reshape(1, -1, 3), torch.from_numpy(routes).reshape(1, -1, 3)
         new: list[int] = []
         for _ in range(P):
@@ -79,7 +80,7 @@ def test_speculative_decoding_is_exact_with_routes(backend, guesses, sampling, d
 def test_the_route_changes_the_frames_and_only_its_own(backend):
     with_route, other, without = request(4), request(4), request(4, routes=False)
     other.routes = other.routes.copy()
-    other.routes[3:] = routes_from_yx(np.random.default_rng(9).normal(0, 30, (len(other.routes) - 3, K, 2)))
+    other.routes[3:] = routes_from_xy(np.random.default_rng(9).normal(0, 30, (len(other.routes) - 3, K, 2)))
     together = backend.generate([with_route, other, without], GREEDY, progress=False)
     alone = backend.generate([with_route], GREEDY, progress=False)[0]
     np.testing.assert_array_equal(together[0], alone)  # batch-mates with other routes do not matter

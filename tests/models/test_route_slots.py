@@ -13,7 +13,7 @@ from tests.conftest import TINY, TINY_ROUTES, tiny_model, tiny_route_model
 from terra.core.errors import TerraInputError
 from terra.contract.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, RolloutState
-from terra.contract.routes import no_route, routes_from_yx
+from terra.contract.routes import no_route, routes_from_xy
 from terra.models import LlamaActionConfig
 
 P, A, K, WINDOW = 64, 6, TINY_ROUTES, 6
@@ -24,7 +24,7 @@ PLACEHOLDER = 512
 def route_frames(frames: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Codes ``[frames, P]``, actions ``[frames - 1, A, 3]`` and per-frame routes ``[frames, K, 3]``."""
     rng = np.random.default_rng(seed)
-    routes = routes_from_yx(rng.normal(0, 5, (frames, K, 2)))
+    routes = routes_from_xy(rng.normal(0, 5, (frames, K, 2)))
     return rng.integers(0, 512, (frames, P)), rng.normal(size=(frames - 1, A, 3)).astype(np.float32), routes
 
 

@@ -16,8 +16,8 @@ STRAIGHT_AHEAD = [[0, 0], [10, 0], [20, 0], [90, 0]]  # x first: a road straight
 
 def test_a_polyline_written_x_first_is_straight_ahead():
     route = route_at(road_from_json(STRAIGHT_AHEAD), np.array([5.0, 0.0, 0.0]), 8)
-    np.testing.assert_allclose(route[:, 0], 0.0, atol=1e-6)  # no turn: y (left) stays 0
-    np.testing.assert_allclose(route[:, 1], [10, 20, 30, 40, 50, 60, 70, 80], atol=1e-5)
+    np.testing.assert_allclose(route[:, 1], 0.0, atol=1e-6)  # no turn: y (left) stays 0
+    np.testing.assert_allclose(route[:, 0], [10, 20, 30, 40, 50, 60, 70, 80], atol=1e-5)
 
 
 def test_lanes_with_successors_and_without():
@@ -30,8 +30,8 @@ def test_lanes_with_successors_and_without():
     assert [lane.id for lane in road.lanes] == ["0", "1", "2"]
     end = route_at(road, np.array([10.0, 0.0, 0.0]), 8)[-1]  # 40 m along lane 0, then 40 m along lane 2
     first = np.hypot(30.0, 10.0)
-    np.testing.assert_allclose(end[:2], [10.0 + (40.0 - first) * 30.0 / np.hypot(20.0, 30.0),
-                                         70.0 + (40.0 - first) * 20.0 / np.hypot(20.0, 30.0)], atol=1e-3)
+    np.testing.assert_allclose(end[:2], [70.0 + (40.0 - first) * 20.0 / np.hypot(20.0, 30.0),
+                                         10.0 + (40.0 - first) * 30.0 / np.hypot(20.0, 30.0)], atol=1e-3)
 
 
 def test_a_road_file_in_json_or_csv(tmp_path):
