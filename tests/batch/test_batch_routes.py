@@ -196,7 +196,7 @@ def test_samples_give_a_road_or_ego_routes_and_the_old_key_says_so_once(inputs, 
                                    num_context=NUM_CONTEXT, progress=False, formats=("gif",),
                                    default_manoeuvre="straight"))
     records = {r["sample_id"]: r for r in result.records}
-    straight = np.broadcast_to(np.stack([np.zeros(TINY_ROUTES), route_distances(TINY_ROUTES)], 1), (FRAMES, 4, 2))
+    straight = np.broadcast_to(np.stack([route_distances(TINY_ROUTES), np.zeros(TINY_ROUTES)], 1), (FRAMES, 4, 2))
     for sample_id in ("road", "csv", "default"):
         assert records[sample_id]["status"] == "ok", records[sample_id]
         np.testing.assert_allclose(routes[sample_id][..., :2], straight, atol=1e-4, err_msg=sample_id)

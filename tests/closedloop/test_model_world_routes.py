@@ -60,14 +60,14 @@ def test_no_road_or_no_route_slots_means_no_route(scenario):
     try:
         drive = world.open(roadless, seed=1, max_frames=2)
         world.step([drive], [scenario.actions[-1]], [scenario.start_pose])
-        assert np.isnan(drive.rollout.state.routes).all()
+        assert np.isnan(drive.rollout.state.route_slots).all()
     finally:
         world.shutdown()
     plain = world_of(tiny_model())
     try:
         drive = plain.open(scenario, seed=1, max_frames=2)
         plain.step([drive], [scenario.actions[-1]], [scenario.start_pose])
-        assert drive.rollout.state.routes.shape[1] == 0
+        assert drive.rollout.state.route_slots.shape[1] == 0
     finally:
         plain.shutdown()
 

@@ -77,6 +77,28 @@ def test_speculative_decoding_is_exact_with_routes(backend, guesses, sampling, d
         np.testing.assert_array_equal(got, want)
 
 
+def test_a_requests_routes_are_x_first_so_a_straight_road_reaches_the_slots_straight_ahead(backend, monkeypatch):
+    """``RolloutRequest(routes=)`` rows are ``[x, y, s]`` (x forward, y left); the model's route slots hold ``[y, x,
+    s]``: a road straight ahead reaches them as y = 0, x = s, not as a road 10 to 80 m to the car's left."""
+    fed = []
+    forward = backend.model.forward
+
+    def recording(*args, conditions=None, **kwargs):
+        if conditions is not None:
+            fed.append(conditions.reshape(len(conditions), -1, A + K, 3)[:, :, A:].float().numpy())
+        return forward(*args, conditions=conditions, **kwargs)
+
+    monkeypatch.setattr(backend.model, "forward", recording)
+    straight = request(1)
+    s = straight.routes[0, :, 2]
+    straight.routes = np.broadcast_to(np.stack([s, np.zeros_like(s), s], -1), straight.routes.shape).copy()
+    backend.generate([straight], GREEDY, progress=False)
+    slots = np.concatenate([f.reshape(-1, K, 3) for f in fed])
+    told = slots[np.isfinite(slots).all(axis=(1, 2))]
+    assert len(fed) > 1 and len(told) >= straight.num_frames
+    np.testing.assert_array_equal(told, np.broadcast_to(np.stack([np.zeros_like(s), s, s], -1), told.shape))
+
+
 def test_the_route_changes_the_frames_and_only_its_own(backend):
     with_route, other, without = request(4), request(4), request(4, routes=False)
     other.routes = other.routes.copy()

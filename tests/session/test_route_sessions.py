@@ -54,4 +54,4 @@ def test_a_session_from_codes_has_no_route(host):
     codes = np.random.default_rng(1).integers(0, 512, (2, 8, 8))
     session = host.open(codes=codes, seed=1)
     session.step([[0.0, 4.0, 0.45]] * 6, decode=False)
-    assert np.isnan(session.rollout.state.routes).all()
+    assert np.isnan(session.rollout.state.route_slots).all()
