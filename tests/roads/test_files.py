@@ -34,6 +34,22 @@ def test_lanes_with_successors_and_without():
                                          10.0 + (40.0 - first) * 30.0 / np.hypot(20.0, 30.0)], atol=1e-3)
 
 
+def test_numpy_numbers_and_arrays_are_a_road_as_lists_are():
+    """A road built in Python: numpy floats and ints, arrays and tuples where JSON has numbers and lists; a boolean
+    array is still no number."""
+    pose = np.array([[5.0, 0.0, 0.0]])
+    expected = routes_along(road_from_json(STRAIGHT_AHEAD), pose, 8)
+    array = np.array(STRAIGHT_AHEAD, dtype=np.float32)
+    forms = {"numpy floats": [[np.float64(x), np.float32(y)] for x, y in STRAIGHT_AHEAD],
+             "numpy ints": [[np.int64(x), np.int32(y)] for x, y in STRAIGHT_AHEAD],
+             "an array": array, "arrays": list(array), "tuples": [tuple(p) for p in STRAIGHT_AHEAD],
+             "lanes": [array, {"points": array + [0.0, 3.5], "successors": np.array([], dtype=int)}]}
+    for name, road in forms.items():
+        np.testing.assert_allclose(routes_along(road_from_json(road), pose, 8), expected, atol=1e-6, err_msg=name)
+    with pytest.raises(TerraInputError, match=r"^road\[0\]\[0\]: must be a number \(x, metres\), got True"):
+        road_from_json(np.ones((2, 2), dtype=bool))
+
+
 def test_a_road_file_in_json_or_csv(tmp_path):
     (tmp_path / "road.json").write_text(json.dumps({"road": STRAIGHT_AHEAD}))
     (tmp_path / "bare.json").write_text(json.dumps(STRAIGHT_AHEAD))
