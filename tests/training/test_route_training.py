@@ -21,7 +21,7 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
-from terra.contract.routes import resample_routes, route_distances, routes_from_xy
+from terra.contract.routes import resample_routes, route_distances, route_slot_values, routes_from_xy
 from terra.models import LlamaActionForCausalLM
 from terra.models.checkpoint import read_world_model_config
 from terra.sim.dataset import ClipDataset, write_dataset
@@ -114,7 +114,7 @@ def test_a_windows_route_slots_hold_the_next_frames_route_at_the_models_points(d
         assert routes.shape == (4, 8, 3) and codes.shape == (4, 15)
         future = poses[clip, start + 1:start + 5]
         expected = np.full((4, 8, 3), np.nan, dtype=np.float32)
-        expected[:len(future)] = scene_of(drives, clip).route(future, 8)
+        expected[:len(future)] = route_slot_values(scene_of(drives, clip).route(future, 8))  # the slots' [y, x, s]
         np.testing.assert_array_equal(routes.numpy(), expected)
         np.testing.assert_array_equal(data.train.frame_routes(clip, start, 4),
                                       scene_of(drives, clip).route(poses[clip, start:start + 4], 8))
