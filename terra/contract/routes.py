@@ -11,7 +11,7 @@ from terra.core.errors import TerraInputError, past
 from terra.core.lazy import renamed
 
 ROUTE_HORIZON_M = 80.0  # the last route point's distance along the lane; a demo frame shows road to about 60 m
-ROUTE_POINT_VALUES = 3  # [x, y, s] (in the model's slots [y, x, s], the width of an action point)
+ROUTE_POINT_VALUES = 3  # [x, y, s]; a route slot holds [y, x, s], the width of an action point
 MAX_ROUTE_M = 1000.0  # |y|, |x| of a route point: a sanity bound (a car that left the road far behind still has one)
 # car's distance from the road, which the bound leaves room for
 NO_ROUTE_SLOTS = "the world model has no route slots (num_route_tokens 0)"
