@@ -113,9 +113,9 @@ def _reach(actions: np.ndarray, routes: np.ndarray | None) -> float:
 
 
 def _draw_route(layer: Image.Image, inset: Inset, route: np.ndarray, font: ImageFont.ImageFont) -> None:
-    """``route`` (``[K, 2|3]``, ego ``[y, x(, s)]``) drawn onto ``layer``, cut at the inset's edge, with its label."""
+    """``route`` (``[K, 2|3]``, ego ``[x, y(, s)]``) drawn onto ``layer``, cut at the inset's edge, with its label."""
     box = Image.new("RGBA", (inset.size + 1, inset.size + 1), (0, 0, 0, 0))  # drawn here, clipped to the inset
-    points = [(px - inset.x0, py - inset.y0) for px, py in inset.pixels(route, clamp=False)]
+    points = [(px - inset.x0, py - inset.y0) for px, py in inset.pixels(route[:, [1, 0]], clamp=False)]
     ImageDraw.Draw(box).line(points, fill=ROUTE_COLOR + (255,), width=3, joint="curve")
     layer.alpha_composite(box, (inset.x0, inset.y0))
     draw = ImageDraw.Draw(layer)
@@ -131,5 +131,5 @@ def _routes_to_draw(routes: np.ndarray | None) -> np.ndarray | None:
         return None
     routes = np.asarray(routes, dtype=np.float64)
     if routes.ndim != 3 or routes.shape[2] not in (2, 3) or routes.shape[1] == 0:
-        raise TerraInputError(f"routes to draw must be [T, K, 2|3] ([y, x(, s)]), got {list(routes.shape)}")
+        raise TerraInputError(f"routes to draw must be [T, K, 2|3] ([x, y(, s)]), got {list(routes.shape)}")
     return routes

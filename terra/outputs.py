@@ -40,7 +40,7 @@ def route_record(routes: np.ndarray | None, source: str | None, frames: int,
     finite = [bool(np.isfinite(route).all()) for route in routes] + [False] * (frames - len(routes))
     verdicts = list(told or ())[:frames]
     verdicts += [TOLD if ok else NONE_GIVEN for ok in finite[len(verdicts):]]
-    ego = [np.round(route[:, [1, 0]], 3).tolist() if ok else None for route, ok in zip(routes, finite)]
+    ego = [np.round(route[:, :2], 3).tolist() if ok else None for route, ok in zip(routes, finite)]
     return {"route": any(finite), "route_source": source, "ego_routes": ego + [None] * (frames - len(ego)),
             "route_told": verdicts}
 

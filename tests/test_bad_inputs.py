@@ -381,7 +381,7 @@ def test_cli_speculative_on_an_engine_that_cannot_exits_2_before_loading(tmp_pat
 
 def _routes_at(metres: float) -> np.ndarray:
     routes = np.zeros((1, 2, 2))
-    routes[0, 1, 1] = metres
+    routes[0, 1, 0] = metres
     return routes
 
 

@@ -165,10 +165,10 @@ def test_the_routes_example_runs_as_its_command_says(tmp_path):
         os.chdir(cwd)
     assert plan.failed == [] and [item.sample.sample_id for item in plan.to_run] == ["bend"]
     [item] = plan.to_run
-    routes = item.inputs.routes  # [frames, K, 3]: y, x, s
+    routes = item.inputs.routes  # [frames, K, 3]: x, y, s
     assert routes.shape == (3 + item.num_frames, route_tokens, 3)
-    assert 0.0 < routes[0, 0, 0] < routes[0, -1, 0] and np.all(np.diff(routes[0, :, 1]) > 0)
-    np.testing.assert_allclose(np.hypot(*routes[..., :2].reshape(-1, 2).T - np.array([[200.0], [0.0]])), 200.0,
+    assert 0.0 < routes[0, 0, 1] < routes[0, -1, 1] and np.all(np.diff(routes[0, :, 0]) > 0)
+    np.testing.assert_allclose(np.hypot(*routes[..., :2].reshape(-1, 2).T - np.array([[0.0], [200.0]])), 200.0,
                                atol=0.01)  # every frame's route: the car's lane, through the car
 
 

@@ -54,9 +54,9 @@ def models(tmp_path_factory) -> Path:
 
 
 def bending_routes(frames: int = FRAMES, points: int = TINY_ROUTES) -> np.ndarray:
-    """``[frames, K, 2]`` y, x: a road bending left ever more sharply, a different route for every frame."""
+    """``[frames, K, 2]`` x, y: a road bending left ever more sharply, a different route for every frame."""
     s = route_distances(points).astype(np.float64)
-    return np.stack([np.stack([0.002 * (t + 1) * s**2, s], axis=1) for t in range(frames)])
+    return np.stack([np.stack([s, 0.002 * (t + 1) * s**2], axis=1) for t in range(frames)])
 
 
 def write_trajectory(path: Path, routes, key: str = "ego_routes", **form) -> Path:
@@ -64,12 +64,6 @@ def write_trajectory(path: Path, routes, key: str = "ego_routes", **form) -> Pat
     path.write_text(json.dumps({**(form or {"manoeuvre": "straight"}), key: np.asarray(routes).tolist()}))
     return path
 
-
-def x_first(routes) -> np.ndarray:
-    """Routes ``[..., K, 2|3]`` written ``[y, x(, s)]`` as a person writes them, ``[x, y(, s)]``."""
-    routes = np.array(routes, dtype=np.float64)
-    routes[..., [0, 1]] = routes[..., [1, 0]]
-    return routes
 
 
 def generate_cfg(models: Path, model: str, trajectory: Path, *extra: str):
@@ -102,9 +96,9 @@ def run_generate(models: Path, model: str, trajectory: Path, out: Path, monkeypa
 def test_a_route_model_s_requests_carry_the_file_s_routes_read_and_checked_once(models, tmp_path, monkeypatch, values):
     """``ego_routes`` rows ``[x, y]`` or ``[x, y, s]``."""
     routes = bending_routes()
-    if values == 3:  # [y, x, s]: the distances written out
+    if values == 3:  # [x, y, s]: the distances written out
         routes = np.concatenate([routes, np.broadcast_to(route_distances(TINY_ROUTES)[:, None], (FRAMES, 4, 1))], -1)
-    trajectory = write_trajectory(tmp_path / "bend.json", x_first(routes))
+    trajectory = write_trajectory(tmp_path / "bend.json", routes)
     with calls(terra.inputs.actions.read_trajectory_file, terra.config.files.read_input_text,
                terra.contract.actions.validate_actions, terra.contract.routes.validate_routes) as counts:
         requests = run_generate(models, "route_model", trajectory, tmp_path / "out", monkeypatch, "num_samples=2")
@@ -130,7 +124,7 @@ def test_a_control_without_routes_gives_requests_without_a_route(models, tmp_pat
 
 def test_a_model_without_route_slots_runs_without_the_file_s_routes_and_says_so_once(models, tmp_path,
                                                                                      monkeypatch, capsys):
-    trajectory = write_trajectory(tmp_path / "bend.json", x_first(bending_routes(frames=2, points=7)))  # unused
+    trajectory = write_trajectory(tmp_path / "bend.json", bending_routes(frames=2, points=7))  # unused
     [request] = run_generate(models, "plain_model", trajectory, tmp_path / "out", monkeypatch)
     assert request.routes is None
     said = [line for line in capsys.readouterr().err.splitlines() if "routes" in line]
@@ -145,12 +139,12 @@ def _with_s(routes: np.ndarray, s: np.ndarray) -> np.ndarray:
 
 # case → (the file's routes, text its one line holds)
 BAD_ROUTES = {
-    "wrong_number_of_points": (x_first(bending_routes(points=3)), "routes must have shape [frames, 4, 2]"),
-    "too_far": (x_first(bending_routes() * [1.0, 15.0]), "a route point lies 1200 m from the car, more than 1000 m"),
-    "too_few_frames": (x_first(bending_routes(frames=FRAMES - 1)), "gives 4 routes, one short: the rollout has 5 "
-                       "frames (3 context + 2 generated), and each needs its route"),
-    "s_not_the_distances": (x_first(_with_s(bending_routes(), np.arange(1.0, 5.0))), "third values must be its "
-                            "points' distances along the road, 20, 40, 60, 80 m"),
+    "wrong_number_of_points": (bending_routes(points=3), "routes must have shape [frames, 4, 2]"),
+    "too_far": (bending_routes() * [15.0, 1.0], "a route point lies 1200 m from the car, more than 1000 m"),
+    "too_few_frames": (bending_routes(frames=FRAMES - 1), "gives 4 routes, one short: the rollout has 5 frames (3 "
+                       "context + 2 generated), and each needs its route"),
+    "s_not_the_distances": (_with_s(bending_routes(), np.arange(1.0, 5.0)), "third values must be its points' "
+                            "distances along the road, 20, 40, 60, 80 m"),
     "not_numbers": ([["ahead"]] * FRAMES, "routes: holds values that are not numbers"),
     "flat_list": (list(range(FRAMES)), "routes must have shape"),
 }
@@ -171,20 +165,20 @@ def test_a_nan_route_in_a_mapping_is_one_line():
     routes = bending_routes()
     routes[2, 1, 0] = np.nan
     with pytest.raises(TerraInputError, match=r"^scene 7: ego_routes: holds NaN or inf; replace them with finite"):
-        trajectory_inputs({"manoeuvre": "straight", "ego_routes": x_first(routes)}, NUM_CONTEXT, NUM_FRAMES,
+        trajectory_inputs({"manoeuvre": "straight", "ego_routes": routes}, NUM_CONTEXT, NUM_FRAMES,
                           TINY_ROUTES, "scene 7")
 
 
 def test_skip_drops_the_routes_of_the_frames_not_used():
     """ACT-Bench's rule: the rows of context frames not used go, routes as actions."""
     routes = bending_routes(frames=FRAMES + 2)
-    given = trajectory_inputs({"manoeuvre": "straight", "ego_routes": x_first(routes)}, NUM_CONTEXT, NUM_FRAMES,
+    given = trajectory_inputs({"manoeuvre": "straight", "ego_routes": routes}, NUM_CONTEXT, NUM_FRAMES,
                               TINY_ROUTES, skip=2)
     np.testing.assert_allclose(given.routes[..., :2], routes[2:], rtol=1e-6)
     with pytest.raises(TerraInputError, match=r"gives 6 routes, one short: the rollout has 5 frames \(3 context \+ 2 "
                                               r"generated\) after 2 context frames not used, and each of the 7 needs "
                                               r"its route, frame 0 \(the trajectory's first pose\) to frame 6"):
-        trajectory_inputs({"manoeuvre": "straight", "ego_routes": x_first(routes[1:])}, NUM_CONTEXT, NUM_FRAMES,
+        trajectory_inputs({"manoeuvre": "straight", "ego_routes": routes[1:]}, NUM_CONTEXT, NUM_FRAMES,
                           TINY_ROUTES, skip=2)
 
 
@@ -193,14 +187,14 @@ def test_a_bad_route_stops_terra_generate_before_any_model_loads(models, tmp_pat
         raise AssertionError("a model was loaded")
 
     monkeypatch.setattr(WorldModelPipeline, "from_run", no_model)
-    trajectory = write_trajectory(tmp_path / "bad.json", x_first(bending_routes(points=3)))
+    trajectory = write_trajectory(tmp_path / "bad.json", bending_routes(points=3))
     with pytest.raises(TerraInputError, match="routes must have shape"):
         terra.apps.generate.run(terra.apps.generate.generate_spec(
             generate_cfg(models, "route_model", trajectory)), tmp_path / "out")
 
 
 def test_terra_generate_exits_2_with_one_line_for_a_bad_route(models, tmp_path):
-    trajectory = write_trajectory(tmp_path / "bad.json", x_first(bending_routes(frames=2)))
+    trajectory = write_trajectory(tmp_path / "bad.json", bending_routes(frames=2))
     out = tmp_path / "out"
     args = ["backend=hf", "device=cpu", "num_threads=1", f"num_frames={NUM_FRAMES}", f"trajectory={trajectory}",
             f"model.world_model={models / 'route_model'}", f"tokenizer.path={models / 'tokenizer'}",
@@ -223,9 +217,9 @@ def test_the_docs_route_example_writes_a_file_that_a_k8_model_reads(tmp_path, mo
     given = trajectory_inputs(tmp_path / "bend.json", 3, 16, route_tokens=8)
     assert given.routes.shape == (19, 8, 3)
     np.testing.assert_allclose(given.routes[0, :, 2], np.arange(10, 90, 10))  # s: 10, 20, ..., 80 m
-    assert (np.diff(given.routes[0, :, 0]) > 0).all()  # y grows: the road bends left
+    assert (np.diff(given.routes[0, :, 1]) > 0).all()  # y grows: the road bends left
     assert given.actions[-1, -1, 0] > 0  # and curve_left drives left
-    np.testing.assert_allclose(np.hypot(given.routes[0, :, 0] - 200.0, given.routes[0, :, 1]), 200.0, atol=0.01)
+    np.testing.assert_allclose(np.hypot(given.routes[0, :, 0], given.routes[0, :, 1] - 200.0), 200.0, atol=0.01)
     four = trajectory_inputs(tmp_path / "bend.json", 3, 16, route_tokens=4)  # a road serves a model of any K
     np.testing.assert_allclose(four.routes[..., :2], given.routes[:, 1::2, :2], atol=0.01)
 
@@ -239,8 +233,8 @@ STRAIGHT = [[float(s), 0.0] for s in route_distances(TINY_ROUTES)]  # [x, y]: th
 def test_ego_routes_are_x_first_so_a_straight_road_is_straight_ahead():
     given = trajectory_inputs({"manoeuvre": "straight", "ego_routes": [STRAIGHT] * FRAMES}, NUM_CONTEXT, NUM_FRAMES,
                               TINY_ROUTES)
-    np.testing.assert_array_equal(given.routes[..., 0], 0.0)  # y: no turn (read as [y, x] it was a 90-degree left)
-    np.testing.assert_array_equal(given.routes[..., 1], np.broadcast_to(route_distances(TINY_ROUTES), (FRAMES, 4)))
+    np.testing.assert_array_equal(given.routes[..., 1], 0.0)  # y: no turn (read as [y, x] it was a 90-degree left)
+    np.testing.assert_array_equal(given.routes[..., 0], np.broadcast_to(route_distances(TINY_ROUTES), (FRAMES, 4)))
 
 
 def test_a_route_behind_the_car_is_refused():
@@ -362,13 +356,13 @@ def test_at_a_fork_the_road_follows_the_branch_the_trajectory_takes():
         along = np.concatenate([np.stack([np.arange(0.0, 30.0, 1.2), np.zeros(25)], axis=1), branch[side][1:]])
         given = trajectory_inputs({"trajectory": {"x": along[:, 0].tolist(), "y": along[:, 1].tolist()},
                                    "road": road}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES)
-        assert np.sign(given.routes[:, -1, 0]).tolist() == [sign] * FRAMES  # y at 80 m: on the branch taken
+        assert np.sign(given.routes[:, -1, 1]).tolist() == [sign] * FRAMES  # y at 80 m: on the branch taken
 
 
 def test_a_road_needs_world_poses_and_a_lane_near_them():
     road = [[-20.0, 0.0], [200.0, 0.0]]
     given = trajectory_inputs({"manoeuvre": "straight", "road": road}, NUM_CONTEXT, NUM_FRAMES, TINY_ROUTES)
-    straight = np.array([[0.0, 1.0]]) * route_distances(4)[:, None]
+    straight = np.array([[1.0, 0.0]]) * route_distances(4)[:, None]
     np.testing.assert_allclose(given.routes[..., :2], np.broadcast_to(straight, (FRAMES, 4, 2)), atol=1e-4)
     assert given.manoeuvre is not None and given.manoeuvre.name == "straight"
     with pytest.raises(TerraInputError, match=r"^s: road: a road is followed along the trajectory's world poses"):

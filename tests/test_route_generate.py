@@ -69,7 +69,7 @@ def test_a_manoeuvre_file_over_the_builtin_frames_drives_them_as_manoeuvre_does(
     road = tmp_path / "road.json"
     road.write_text(json.dumps({"manoeuvre": spec, "road": [[-20.0, 0.0], [200.0, 0.0]]}))
     [own] = run_generate(models, "route_model", road, tmp_path / "own", monkeypatch, "seed=3")
-    np.testing.assert_allclose(own.routes[0, :, :2], np.stack([np.zeros(4), route_distances(4)], 1), atol=1e-4)
+    np.testing.assert_allclose(own.routes[0, :, :2], np.stack([route_distances(4), np.zeros(4)], 1), atol=1e-4)
 
 
 def test_a_road_given_as_null_tells_no_route_not_the_scenes_road(models, tmp_path, monkeypatch):
@@ -109,9 +109,9 @@ def test_road_path_or_inline_tells_every_frame_its_route_and_a_bad_one_stops_bef
     for value in (str(road), "[[-20, 0], [200, 0]]"):
         [request] = run_generate(models, "route_model", None, tmp_path / f"out{len(value)}", monkeypatch,
                                  "manoeuvre=straight", f"road='{value}'")
-        np.testing.assert_allclose(request.routes[..., 1], np.broadcast_to(route_distances(4), (FRAMES, 4)),
+        np.testing.assert_allclose(request.routes[..., 0], np.broadcast_to(route_distances(4), (FRAMES, 4)),
                                    atol=1e-3)
-        np.testing.assert_allclose(request.routes[..., 0], 0.0, atol=1e-3)
+        np.testing.assert_allclose(request.routes[..., 1], 0.0, atol=1e-3)
     loads = []
     monkeypatch.setattr("terra.tokenizer.load_tokenizer", lambda *a, **k: loads.append(a))
     start = time.perf_counter()

@@ -21,7 +21,7 @@ from tests.conftest import TINY_ROUTES
 from tests.decoder.test_route_inset import magenta
 from tests.roads.conftest import route_offsets
 from tests.test_route_files import (  # noqa: F401  (models: the fixture)
-    FRAMES, NUM_CONTEXT, NUM_FRAMES, bending_routes, models, run_generate, write_trajectory, x_first,
+    FRAMES, NUM_CONTEXT, NUM_FRAMES, bending_routes, models, run_generate, write_trajectory,
 )
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
@@ -42,11 +42,11 @@ def generated(models: Path, trajectory: Path | None, out: Path, monkeypatch, *ex
 
 
 def test_terra_generate_keeps_and_draws_the_routes_told(models, tmp_path, monkeypatch):
-    routes = bending_routes()  # [y, x]
-    ego = write_trajectory(tmp_path / "bend.json", x_first(routes), "ego_routes")
+    routes = bending_routes()
+    ego = write_trajectory(tmp_path / "bend.json", routes, "ego_routes")
     entry, video = generated(models, ego, tmp_path / "ego", monkeypatch)
     assert entry["route"] is True and entry["route_source"] == f"{ego}: ego_routes"
-    np.testing.assert_allclose(entry["ego_routes"], x_first(routes), atol=5e-4)  # as the file gave them
+    np.testing.assert_allclose(entry["ego_routes"], routes, atol=5e-4)  # as the file gave them
     assert all(magenta(inset(frame)).any() for frame in video)  # the last one too: it has no action, but a route
 
     road = write_trajectory(tmp_path / "road.json", ROAD, "road")
@@ -58,8 +58,8 @@ def test_terra_generate_keeps_and_draws_the_routes_told(models, tmp_path, monkey
     entry, _ = generated(models, None, tmp_path / "scene", monkeypatch, "manoeuvre=curve_left", "seed=3")
     scene, poses = builtin_road("curve_left", FRAMES, 3, {})
     assert entry["route_source"] == "scene"
-    np.testing.assert_allclose(entry["ego_routes"], scene.route(poses, TINY_ROUTES)[..., [1, 0]], atol=5e-4)
-    told = route_offsets(scene, poses, np.array(entry["ego_routes"])[..., ::-1])  # where on the road each point is
+    np.testing.assert_allclose(entry["ego_routes"], scene.route(poses, TINY_ROUTES)[..., :2], atol=5e-4)
+    told = route_offsets(scene, poses, np.array(entry["ego_routes"]))  # where on the road each point is
     np.testing.assert_allclose(told, scene.ego_lane_offset_m, atol=0.05)  # the ego lane's centre, not the road's
 
     plain = tmp_path / "plain.json"  # control: poses without routes; nothing told, nothing drawn
@@ -70,7 +70,7 @@ def test_terra_generate_keeps_and_draws_the_routes_told(models, tmp_path, monkey
 
 
 def test_a_frame_told_no_route_is_null():
-    routes = np.stack([np.full((TINY_ROUTES, 3), np.nan), np.stack([np.full(4, 0.5), np.arange(1.0, 5.0),
+    routes = np.stack([np.full((TINY_ROUTES, 3), np.nan), np.stack([np.arange(1.0, 5.0), np.full(4, 0.5),
                                                                    np.arange(1.0, 5.0)], 1)])
     record = route_record(routes, "scene", 3)  # the video's third frame: beyond the routes given
     assert record == {"route": True, "route_source": "scene",
@@ -85,7 +85,7 @@ def test_terra_rollout_sidecars_keep_the_routes_told(models, tmp_path):
         iio.imwrite(tmp_path / "clip" / f"{t:02d}.png", clip.frames[t])
     lines = [{"sample_id": "road", "context": "clip/", "manoeuvre": "straight", "road": ROAD},
              {"sample_id": "ego", "context": "clip/", "manoeuvre": "straight",
-              "ego_routes": x_first(bending_routes()).tolist()},
+              "ego_routes": bending_routes().tolist()},
              {"sample_id": "none", "context": "clip/", "manoeuvre": "straight"}]
     samples = tmp_path / "samples.jsonl"
     samples.write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -99,7 +99,7 @@ def test_terra_rollout_sidecars_keep_the_routes_told(models, tmp_path):
     assert sidecars["road"]["route_source"] == "sample 'road': road"
     assert sidecars["road"]["ego_routes"][0] == [[20.0 * k, 0.0] for k in range(1, TINY_ROUTES + 1)]
     assert sidecars["ego"]["route_source"] == "sample 'ego': ego_routes"
-    np.testing.assert_allclose(sidecars["ego"]["ego_routes"], x_first(bending_routes()), atol=5e-4)
+    np.testing.assert_allclose(sidecars["ego"]["ego_routes"], bending_routes(), atol=5e-4)
     assert [sidecars[k]["route"] for k in ("road", "ego", "none")] == [True, True, False]
     assert (sidecars["none"]["route_source"], sidecars["none"]["ego_routes"]) == (None, None)
     assert magenta(inset(iio.imread(out / "ego.gif", index=0))).any()

@@ -161,7 +161,7 @@ class AlpasimWorld:
         return list(self.pool.map(one, drives, [np.asarray(p, dtype=np.float64) for p in poses]))
 
     def close(self, drive: Session) -> None:
-        slots = self.table.get(drive.id.session_id).rollout.state.routes  # slot t: the route of frame t + 1
+        slots = self.table.get(drive.id.session_id).rollout.state.route_slots  # slot t: the route of frame t + 1
         drive.routed = int(np.isfinite(slots[:drive.sent]).all(axis=(1, 2)).sum())
         self.client.close(drive.id)
 

@@ -222,14 +222,14 @@ def bend_scenarios(count: int) -> list[tuple[int, float, int]]:
 def straight_routes(routes: np.ndarray) -> np.ndarray:
     """The road continued straight from each frame's nearest route point (the car drives parallel to it)."""
     out = routes.copy()
-    out[..., 0] = routes[..., :1, 0]
+    out[..., 1] = routes[..., :1, 1]
     return out
 
 
 def mirrored_routes(routes: np.ndarray) -> np.ndarray:
     """The bend mirrored about the straight continuation: the same road turning the other way."""
     out = routes.copy()
-    out[..., 0] = 2 * routes[..., :1, 0] - routes[..., 0]
+    out[..., 1] = 2 * routes[..., :1, 1] - routes[..., 1]
     return out
 
 

@@ -45,7 +45,7 @@ class TopView:
         if route is None or not np.isfinite(route).all():
             draw.text((4, 2), "no route", fill=ROUTE_COLOR)
         else:
-            ahead = self._pixels(np.asarray(route, dtype=np.float64)[:, [1, 0]])  # (y, x) → (forward, left)
+            ahead = self._pixels(np.asarray(route, dtype=np.float64)[:, :2])
             draw.line([tuple(self.origin), *ahead], fill=ROUTE_COLOR, width=2)
             for u, v in ahead:
                 draw.ellipse([u - 2, v - 2, u + 2, v + 2], fill=ROUTE_COLOR)

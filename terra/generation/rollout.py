@@ -13,7 +13,7 @@ import numpy as np
 from terra.config.sampling import SamplingConfig
 from terra.contract.actions import NUM_ACTION_TOKENS, RULE
 from terra.contract.layout import DEFAULT_OVERLAP, TokenLayout, Window, plan_windows
-from terra.contract.routes import ROUTE_POINT_VALUES, check_route_shape, no_route, slot_routes
+from terra.contract.routes import ROUTE_POINT_VALUES, check_route_shape, no_route, route_slot_values, slot_routes
 from terra.core.errors import TerraInputError
 from terra.core.progress import Progress
 from terra.generation.pass_stats import PassStats
@@ -28,7 +28,8 @@ class RolloutRequest:
     Args:
         context: ``[n_ctx, h, w]`` or ``[n_ctx, P]`` image codes.
         actions: ``[>= n_ctx + num_frames - 1, 6, 3]``; ``actions[t]`` conditions frame ``t + 1``.
-        routes: ``[>= n_ctx + num_frames, K, 3]``, the road ahead of each frame's pose; None: no route.
+        routes: ``[>= n_ctx + num_frames, K, 3]`` ``[x, y, s]`` in each frame's ego frame (x forward, y left),
+            the lane ahead of its pose; None: no route.
         seed: makes sampling reproducible per rollout, independent of batching.
     """
 
@@ -52,7 +53,8 @@ def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
 
 
 def _slot_routes(routes: np.ndarray | None, rows: int, needed: int, route_tokens: int) -> np.ndarray:
-    """The route slots' values ``[rows, K, 3]`` float32 of ``routes`` (``[>= needed, K, 3]``; None: no route)."""
+    """The route slots' values ``[rows, K, 3]`` float32 of ``routes`` (``[>= needed, K, 3]`` ``[x, y, s]``; None:
+    no route)."""
     if routes is None:
         return no_route(rows, route_tokens)
     arr = np.asarray(routes, dtype=np.float32)
@@ -79,7 +81,7 @@ class RolloutState:
         # routes are views of it, so the backends read one array (``conditions``) whatever the model's slots
         self.conditions = np.concatenate([actions, routes], axis=1)
         self.layout = layout
-        self.actions, self.routes = self._views()
+        self.actions, self.route_slots = self._views()
         self.request = request
         self.frames: list[np.ndarray] = list(context)
         self.num_context = len(context)
@@ -89,7 +91,7 @@ class RolloutState:
         self.passes: list[int] = []  # forward passes that produced each generated frame
 
     def _views(self) -> tuple[np.ndarray, np.ndarray]:
-        """``actions`` ``[T, A, 3]`` and ``routes`` ``[T, K, 3]``: views of :attr:`conditions`."""
+        """``actions`` ``[T, A, 3]`` and ``route_slots`` ``[T, K, 3]`` (``[y, x, s]``): views of :attr:`conditions`."""
         return self.conditions[:, : self.layout.action_tokens], self.conditions[:, self.layout.action_tokens :]
 
     @property
@@ -142,13 +144,13 @@ class RolloutState:
         self._set_next(self.actions, actions)
 
     def set_next_route(self, route: np.ndarray | None) -> None:
-        """Set the next frame's route, a checked ``[K, 3]`` (None: no route)."""
+        """Set the next frame's route, a checked ``[K, 3]`` ``[x, y, s]`` (None: no route)."""
         self.set_next_routes([route])
 
     def set_next_routes(self, routes: Sequence[np.ndarray | None]) -> None:
-        """Set the routes of the next ``n`` frames (each ``[K, 3]`` or None: no route)."""
-        none = np.full(self.routes.shape[1:], np.nan, dtype=self.routes.dtype)
-        self._set_next(self.routes, np.stack([none if route is None else route for route in routes]))
+        """Set the routes of the next ``n`` frames (each ``[K, 3]`` ``[x, y, s]`` or None: no route)."""
+        none = np.full(self.route_slots.shape[1:], np.nan, dtype=self.route_slots.dtype)
+        self._set_next(self.route_slots, route_slot_values([none if route is None else route for route in routes]))
 
     def _set_next(self, rows: np.ndarray, values: np.ndarray) -> None:
         """Write ``values`` into the rows of ``rows`` (a view of :attr:`conditions`) from the newest frame on; the row
@@ -167,7 +169,7 @@ class RolloutState:
         """An independent state at the same point (frames shared, they are never changed); ``cache`` not copied."""
         twin = copy.copy(self)
         twin.frames, twin.conditions, twin.cache = list(self.frames), self.conditions.copy(), None
-        twin.actions, twin.routes = twin._views()
+        twin.actions, twin.route_slots = twin._views()
         twin.passes = list(self.passes)
         return twin
 

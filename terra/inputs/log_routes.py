@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.contract.routes import ROAD_ENDED, TOLD, route_distances, routes_from_yx
+from terra.contract.routes import ROAD_ENDED, TOLD, route_distances, routes_from_xy
 from terra.core.errors import TerraInputError
 from terra.inputs.driving_logs import ROAD_FILES, Clip
 from terra.inputs.ego_motion import to_ego
@@ -73,7 +73,7 @@ def driven_path_routes(trajectory: EgoTrajectory, ticks: np.ndarray, points: int
     poses = trajectory.poses_at(ticks)
     wanted = np.interp(ticks, trajectory.t, along)[:, None] + route_distances(points).astype(np.float64)
     world = np.stack([np.interp(wanted, along, xy[:, 0]), np.interp(wanted, along, xy[:, 1])], axis=-1)
-    routes = routes_from_yx(to_ego(world, poses[:, None])[..., ::-1])
+    routes = routes_from_xy(to_ego(world, poses[:, None]))
     routes[wanted[:, -1] > along[-1] + 1e-6] = np.nan  # the recording ends before the route's reach
     return routes
 

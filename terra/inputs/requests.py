@@ -107,7 +107,7 @@ def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int
                                   "each frame's own ego frame: give ego_routes instead")
         routes, told = road_routes(given.value, world, frames, route_tokens, given.source)
     else:
-        routes = validate_routes(given.value, route_tokens, given.source, x_first=True, ahead=True)
+        routes = validate_routes(given.value, route_tokens, given.source, ahead=True)
         if len(routes) < frames:
             raise TerraInputError(_too_few(given.source, len(routes), num_context, num_frames, skip))
         told = [TOLD] * len(routes)

@@ -28,7 +28,9 @@ MAX_FILE_BYTES = 256 * 2**20  # a road file of MAX_POINTS points is well under t
 
 
 def road_from_json(value: Any, source: str = "road") -> Road:
-    """The road of a JSON value; ``source`` names it in errors (``trajectory.json: road``)."""
+    """The road of a JSON value (numpy arrays and tuples read as lists); ``source`` names it in errors
+    (``trajectory.json: road``)."""
+    value = _as_lists(value)
     if not isinstance(value, list) or not value:
         raise TerraInputError(f"{source}: must be a polyline [[x, y], ...] or a list of lanes, got "
                               f"{_shown(value)}")
@@ -126,6 +128,17 @@ def write_road_file(road: Road, path: str | Path) -> None:
         lanes.append(points if lane.successors is None else
                      {"points": points, "successors": [index[s] for s in lane.successors if s in index]})
     Path(path).write_bytes(orjson.dumps({"road": lanes}))
+
+
+def _as_lists(value: Any, depth: int = 4) -> Any:
+    """``value`` with its numpy arrays and tuples as lists, down to a road's points' numbers (``depth`` levels)."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if depth and isinstance(value, (list, tuple)):
+        return [_as_lists(item, depth - 1) for item in value]
+    if depth and isinstance(value, dict):
+        return {key: _as_lists(item, depth - 1) for key, item in value.items()}
+    return value
 
 
 def _is_point(item: Any) -> bool:

@@ -7,7 +7,7 @@ from itertools import islice
 import numpy as np
 
 from terra.contract.routes import (NO_LANE_NEAR, ROAD_ENDED, ROUTE_HORIZON_M, TOLD, no_route, route_distances,
-                                   routes_from_yx)
+                                   routes_from_xy)
 from terra.core.errors import TerraInputError
 from terra.roads.road import MAX_COORDINATE_M, Road
 
@@ -42,7 +42,7 @@ def told_route_at(road: Road, pose: np.ndarray, route_tokens: int,
     c, s = np.cos(pose[2]), np.sin(pose[2])
     d = world - pose[:2]
     forward, left = c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]
-    return routes_from_yx(np.stack([left, forward], axis=-1)), TOLD
+    return routes_from_xy(np.stack([forward, left], axis=-1)), TOLD
 
 
 def routes_along(road: Road, poses: np.ndarray, route_tokens: int,

@@ -27,7 +27,7 @@ from terra.sim.recoveries import CONTEXT_FRAMES, random_recovery
 from terra.sim.reruns import kept_outputs
 from terra.sim.scene import DOMAINS
 
-DATASET_VERSION = 2  # 2: routes are the ego lane's centre (1: the road's centre line)
+DATASET_VERSION = 3  # 3: routes [x, y, s] (2: [y, x, s]; 1: the road's centre line)
 APP = "terra-make-dataset"
 META_FILE = "meta.json"
 ARRAYS = ("frames", "poses", "instruction_trajs", "actions", "routes")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from terra.config.checks import check_choice
-from terra.contract.routes import ROUTE_POINT_VALUES, route_distances, routes_from_yx
+from terra.contract.routes import ROUTE_POINT_VALUES, route_distances, routes_from_xy
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import to_ego
 
@@ -182,7 +182,7 @@ class Scene:
         s, along = self._lane_lengths(self.ego_lane_offset_m)
         reached = np.interp(np.interp(s0, s, along)[:, None] + route_distances(points)[None], along, s)
         forward_left = to_ego(self.lane_pose(reached)[..., :2], flat[:, None])
-        return routes_from_yx(forward_left[..., ::-1]).reshape(poses.shape[:-1] + (points, ROUTE_POINT_VALUES))
+        return routes_from_xy(forward_left).reshape(poses.shape[:-1] + (points, ROUTE_POINT_VALUES))
 
     def road_outline(self, margin: float) -> tuple[np.ndarray, np.ndarray]:
         """Segment starts ``[K + 1]`` in points ``[N, 2]`` every 2 m along both road borders widened by ``margin``."""

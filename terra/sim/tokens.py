@@ -16,7 +16,7 @@ from terra.core.atomic import atomic_path, mark
 from terra.core.errors import TerraInputError
 from terra.tokenizer.tensors import check_codes, check_floats
 
-TOKENS_VERSION = "1"
+TOKENS_VERSION = "2"  # 2: routes [x, y, s]
 
 
 @dataclass(frozen=True)

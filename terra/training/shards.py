@@ -21,7 +21,7 @@ from terra.core.errors import TerraInputError
 from terra.sim.tokens import checked_routes
 from terra.tokenizer.tensors import check_codes, check_floats
 
-SHARDS_VERSION = 2
+SHARDS_VERSION = 3  # 3: routes [x, y, s]
 INDEX_FILE = "index.json"
 SPLITS = ("train", "val")
 SHARD_FILE = re.compile(r"(train|val)-\d{5}\.safetensors")

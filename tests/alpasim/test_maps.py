@@ -181,7 +181,7 @@ def test_a_route_model_holds_each_frames_route_in_the_slots_before_it(scenarios,
         for chunk in chunked(poses):
             runtime.chunk(session, chunk)
         state = table.get(session.session_id).rollout.state
-        slots = state.routes[:13].copy()
+        slots = state.route_slots[:13].copy()
         runtime.close(session)
     want = slot_routes(scenario.scene.route(poses, TINY_ROUTES), 13)
     np.testing.assert_allclose(slots, want, atol=TOLERANCE_M)
@@ -206,7 +206,7 @@ def y_fork() -> Road:
 
 
 def to_world(route: np.ndarray, pose: np.ndarray) -> np.ndarray:
-    left, forward = route[:, 0].astype(np.float64), route[:, 1].astype(np.float64)
+    forward, left = route[:, 0].astype(np.float64), route[:, 1].astype(np.float64)
     c, s = np.cos(pose[2]), np.sin(pose[2])
     return np.stack([pose[0] + c * forward - s * left, pose[1] + s * forward + c * left], axis=-1)
 
@@ -332,7 +332,7 @@ def test_no_lane_near_the_car_runs_without_a_route_and_says_so_once(recorded, sc
 
 
 def route_pixels(route: np.ndarray, view: TopView) -> list[tuple[int, int]]:
-    return [(round(v), round(u)) for u, v in view._pixels(route[:, [1, 0]].astype(np.float64))]
+    return [(round(v), round(u)) for u, v in view._pixels(route[:, :2].astype(np.float64))]
 
 
 def test_hdmap_frames_draw_each_frames_told_route(recorded, scenarios):

@@ -20,7 +20,7 @@ from terra.batch import BatchConfig, run_batch, stream
 from terra.contract.routes import route_distances
 from terra.sim import Scene, make_clip
 from tests.conftest import TINY_ROUTES, save_tiny_tokenizer, tiny_model, tiny_route_model
-from tests.test_route_files import bending_routes, x_first
+from tests.test_route_files import bending_routes
 
 NUM_CONTEXT, NUM_FRAMES = 3, 2
 FRAMES = NUM_CONTEXT + NUM_FRAMES
@@ -41,7 +41,7 @@ def inputs(tmp_path_factory) -> Path:
     for t in range(NUM_CONTEXT + 1):
         Image.fromarray(clip.frames[t]).save(root / "clip" / f"{t:02d}.png")
     (root / "trajs.json").write_text(json.dumps(np.round(clip.instruction_trajs, 3).tolist()))
-    routed = {"manoeuvre": "straight", "ego_routes": x_first(bending_routes() * 0.5).tolist()}
+    routed = {"manoeuvre": "straight", "ego_routes": (bending_routes() * 0.5).tolist()}
     (root / "routed.json").write_text(json.dumps(routed))
     (root / "path.csv").write_text("x,y\n" + "".join(f"{1.2 * i},0.0\n" for i in range(40)))
     return root
@@ -53,17 +53,17 @@ def lines(root: Path) -> list[dict]:
     frames = [f"clip/{t:02d}.png" for t in range(NUM_CONTEXT + 1)]
     return [
         {"sample_id": "inline", "context": "clip/", "manoeuvre": "straight",
-         "ego_routes": x_first(bending_routes()).tolist()},
+         "ego_routes": bending_routes().tolist()},
         {"sample_id": 7, "context_frames": frames, "instruction_trajs": trajs,  # 4 frames, 3 used: the first dropped
-         "ego_routes": x_first(bending_routes(frames=FRAMES + 1)).tolist()},
+         "ego_routes": bending_routes(frames=FRAMES + 1).tolist()},
         {"sample_id": "file", "context": "clip/", "trajectory": "routed.json"},
         {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv",
-         "ego_routes": x_first(bending_routes() * 2).tolist()},
+         "ego_routes": (bending_routes() * 2).tolist()},
         {"sample_id": "none", "context": "clip/", "manoeuvre": "straight"},
         {"sample_id": "three_points", "context": "clip/", "manoeuvre": "straight",
-         "ego_routes": x_first(bending_routes(points=3)).tolist()},
+         "ego_routes": bending_routes(points=3).tolist()},
         {"sample_id": "twice", "context": "clip/", "trajectory": "routed.json",
-         "ego_routes": x_first(bending_routes()).tolist()},
+         "ego_routes": bending_routes().tolist()},
     ]
 
 
@@ -153,7 +153,7 @@ def test_a_rerun_redoes_a_sample_whose_trajectory_file_or_world_model_changed(in
     assert rerun(model) == {"file": "ok", "same": "ok"}
     assert json.loads((out / "file.json").read_text())["route"] is False and routes["file"] is None
     for scale in (1.0, 0.5):  # the file gains routes, then its routes change
-        ego_routes = x_first(bending_routes() * scale).tolist()
+        ego_routes = (bending_routes() * scale).tolist()
         trajectory.write_text(json.dumps({"manoeuvre": "straight", "ego_routes": ego_routes}))
         assert rerun(model) == {"file": "ok", "same": "skipped"}
         assert json.loads((out / "file.json").read_text())["route"] is True
@@ -181,7 +181,7 @@ def test_samples_give_a_road_or_ego_routes(inputs, tmp_path, monkeypatch):
              {"sample_id": "csv", "context": "clip/", "trajectory": "path.csv", "road": road},
              {"sample_id": "default", "context": "clip/", "road": road},
              {"sample_id": "ego", "context": "clip/", "manoeuvre": "straight",
-              "ego_routes": x_first(bending_routes()).tolist()},
+              "ego_routes": bending_routes().tolist()},
              {"sample_id": "typo", "context": "clip/", "manoeuvre": "straight", "route": bending_routes().tolist()},
              {"sample_id": "actbench", "context_frames": frames, "instruction_trajs": trajs, "road": road}]
     samples = inputs / f"{tmp_path.name}.jsonl"
@@ -193,7 +193,7 @@ def test_samples_give_a_road_or_ego_routes(inputs, tmp_path, monkeypatch):
                                    num_context=NUM_CONTEXT, progress=False, formats=("gif",),
                                    default_manoeuvre="straight"))
     records = {r["sample_id"]: r for r in result.records}
-    straight = np.broadcast_to(np.stack([np.zeros(TINY_ROUTES), route_distances(TINY_ROUTES)], 1), (FRAMES, 4, 2))
+    straight = np.broadcast_to(np.stack([route_distances(TINY_ROUTES), np.zeros(TINY_ROUTES)], 1), (FRAMES, 4, 2))
     for sample_id in ("road", "csv", "default"):
         assert records[sample_id]["status"] == "ok", records[sample_id]
         np.testing.assert_allclose(routes[sample_id][..., :2], straight, atol=1e-4, err_msg=sample_id)
@@ -223,5 +223,5 @@ def test_a_samples_road_may_be_a_file_beside_the_samples(inputs, tmp_path, monke
     records = {r["sample_id"]: r for r in result.records}
     assert records["file"]["status"] == records["inline"]["status"] == "ok"
     np.testing.assert_array_equal(routes["file"], routes["inline"])
-    np.testing.assert_allclose(routes["file"][..., 1], np.broadcast_to(route_distances(4), (FRAMES, 4)), atol=1e-3)
+    np.testing.assert_allclose(routes["file"][..., 0], np.broadcast_to(route_distances(4), (FRAMES, 4)), atol=1e-3)
     assert records["missing"]["stage"] == "input" and "nowhere.csv: does not exist" in records["missing"]["error"]

@@ -14,6 +14,7 @@ from terra.closedloop.study.control_roads import (FOREIGN_SEED, FedMotionRoad, F
 from terra.closedloop.study.control_worlds import ROUTE_CONTROLS, control_world
 from terra.closedloop.worlds import ModelWorld
 from terra.config.sampling import SamplingConfig
+from terra.contract.routes import route_slot_values
 from terra.core.errors import TerraInputError
 from terra.generation.backends import model_backend
 from terra.models.presets import TINY_TOKENIZER
@@ -21,6 +22,11 @@ from terra.pipeline import WorldModelPipeline
 from terra.sim.scene import LANE_WIDTH_M, Scene
 from terra.tokenizer.lfq import LFQTokenizer
 from tests.conftest import TINY_ROUTES, tiny_model, tiny_route_model
+
+
+def told_routes(state) -> np.ndarray:
+    """The routes ``[T, K, 3]`` ``[x, y, s]`` a rollout's route slots hold (they hold ``[y, x, s]``)."""
+    return state.route_slots[..., [1, 0, 2]].copy()
 
 
 def world_of(model) -> ModelWorld:
@@ -43,7 +49,7 @@ def test_drives_are_told_the_road_ahead_of_each_pose(scenario):
             world.step([drive], [scenario.actions[-1]], [pose])
         state = drive.rollout.state
         expected = scenario.scene.route(np.stack([scenario.context_poses[1], *poses]), TINY_ROUTES)
-        np.testing.assert_allclose(state.routes[:4], expected, atol=1e-5)
+        np.testing.assert_allclose(state.route_slots[:4], route_slot_values(expected), atol=1e-5)
     finally:
         world.shutdown()
 
@@ -54,14 +60,14 @@ def test_no_road_or_no_route_slots_means_no_route(scenario):
     try:
         drive = world.open(roadless, seed=1, max_frames=2)
         world.step([drive], [scenario.actions[-1]], [scenario.start_pose])
-        assert np.isnan(drive.rollout.state.routes).all()
+        assert np.isnan(drive.rollout.state.route_slots).all()
     finally:
         world.shutdown()
     plain = world_of(tiny_model())
     try:
         drive = plain.open(scenario, seed=1, max_frames=2)
         plain.step([drive], [scenario.actions[-1]], [scenario.start_pose])
-        assert drive.rollout.state.routes.shape[1] == 0
+        assert drive.rollout.state.route_slots.shape[1] == 0
     finally:
         plain.shutdown()
 
@@ -91,7 +97,7 @@ def test_wrong_route_tells_another_scenarios_road_and_no_route_tells_none(scenar
             drive = world.open(scenario, seed=1, max_frames=4)
             for pose in _poses_ahead(scenario):
                 world.step([drive], [scenario.actions[-1]], [pose])
-            told[world.name] = drive.rollout.state.routes[:4].copy()
+            told[world.name] = told_routes(drive.rollout.state)[:4]
             world.close(drive)
         poses = np.stack([scenario.context_poses[1], *_poses_ahead(scenario)])
         true = scenario.scene.route(poses, TINY_ROUTES)
@@ -147,7 +153,7 @@ def test_the_motion_controls_tell_the_road_of_the_motion_they_feed(scenario):
             drive = world.open(scenario, seed=1, max_frames=5)
             for pose in poses:
                 world.step([drive], [scenario.actions[-1]], [pose])
-            told[name] = drive.rollout.state.routes[1:5].copy()  # the 4 steps' (the last context frame's first)
+            told[name] = told_routes(drive.rollout.state)[1:5]  # the 4 steps' (the last context frame's first)
             world.close(drive)
     finally:
         model.shutdown()

@@ -22,10 +22,10 @@ def magenta(pixels: np.ndarray) -> np.ndarray:
 
 
 def left_route() -> np.ndarray:
-    """A route ``[8, 3]`` ``[y, x, s]`` running ahead and to the left at a slope of 0.4."""
+    """A route ``[8, 3]`` ``[x, y, s]`` running ahead and to the left at a slope of 0.4."""
     s = route_distances(8).astype(np.float64)
     x = s / np.hypot(1.0, 0.4)
-    return np.stack([0.4 * x, x, s], axis=1)
+    return np.stack([x, 0.4 * x, s], axis=1)
 
 
 @pytest.mark.parametrize("suffix", ["gif", "mp4"])
@@ -42,7 +42,7 @@ def test_the_route_is_drawn_where_it_lies_on_frames_told_one(tmp_path, suffix):
     near = np.hypot(route[:, 0], route[:, 1]) <= ROUTE_FIT_M  # the documented scale: paths, and routes to 40 m
     reach = 1.1 * max(np.abs(actions[..., :2]).max(), np.abs(route[near, :2]).max())
     inset = Inset.fit(HEIGHT, WIDTH, reach)
-    (ax, ay), (bx, by) = inset.pixels(route[:2], clamp=False)  # the route between its 10 m and 20 m points
+    (ax, ay), (bx, by) = inset.pixels(route[:2, [1, 0]], clamp=False)  # its 10 m and 20 m points, (y, x)
     mid = round((ay + by) / 2), round((ax + bx) / 2)
     mirrored = mid[0], round(2 * inset.ego[0] - mid[1])  # the same place on the right: no route there
     for frame in (1, 2):

@@ -13,7 +13,7 @@ from terra.config.sampling import SamplingConfig
 from terra.generation.backends import model_backend
 from terra.generation.hf_backend import HFBackend
 from terra.generation.rollout import RolloutRequest
-from terra.contract.routes import routes_from_yx
+from terra.contract.routes import route_slot_values, routes_from_xy
 from tests.conftest import TINY_ROUTES, tiny_route_model
 
 P, A, K, WINDOW = 64, 6, TINY_ROUTES, 6
@@ -32,7 +32,7 @@ def request(seed: int, num_context: int = 2, num_frames: int = 7, routes: bool =
     frames = num_context + num_frames
     return RolloutRequest(rng.integers(0, 512, (num_context, P)),
                           rng.normal(size=(frames - 1, A, 3)).astype(np.float32), num_frames, seed=seed,
-                          routes=routes_from_yx(rng.normal(0, 4, (frames, K, 2))) if routes else None)
+                          routes=routes_from_xy(rng.normal(0, 4, (frames, K, 2))) if routes else None)
 
 
 @torch.no_grad()
@@ -47,7 +47,8 @@ def full_recomputation(model, req: RolloutRequest, overlap: int = 3) -> np.ndarr
         window = range(start, len(frames))
         # the new frame's own slots come after its image tokens: any value stands in for them
         actions = np.concatenate([req.actions[start : len(frames)], np.zeros((1, A, 3), np.float32)])
-        routes = np.concatenate([req.routes[start + 1 : len(frames) + 1], np.zeros((1, K, 3), np.float32)])
+        routes = np.concatenate([route_slot_values(req.routes[start + 1 : len(frames) + 1]),
+                                 np.zeros((1, K, 3), np.float32)])
         actions, routes = torch.from_numpy(actions).reshape(1, -1, 3), torch.from_numpy(routes).reshape(1, -1, 3)
         new: list[int] = []
         for _ in range(P):
@@ -76,10 +77,32 @@ def test_speculative_decoding_is_exact_with_routes(backend, guesses, sampling, d
         np.testing.assert_array_equal(got, want)
 
 
+def test_a_requests_routes_are_x_first_so_a_straight_road_reaches_the_slots_straight_ahead(backend, monkeypatch):
+    """``RolloutRequest(routes=)`` rows are ``[x, y, s]`` (x forward, y left); the model's route slots hold ``[y, x,
+    s]``: a road straight ahead reaches them as y = 0, x = s, not as a road 10 to 80 m to the car's left."""
+    fed = []
+    forward = backend.model.forward
+
+    def recording(*args, conditions=None, **kwargs):
+        if conditions is not None:
+            fed.append(conditions.reshape(len(conditions), -1, A + K, 3)[:, :, A:].float().numpy())
+        return forward(*args, conditions=conditions, **kwargs)
+
+    monkeypatch.setattr(backend.model, "forward", recording)
+    straight = request(1)
+    s = straight.routes[0, :, 2]
+    straight.routes = np.broadcast_to(np.stack([s, np.zeros_like(s), s], -1), straight.routes.shape).copy()
+    backend.generate([straight], GREEDY, progress=False)
+    slots = np.concatenate([f.reshape(-1, K, 3) for f in fed])
+    told = slots[np.isfinite(slots).all(axis=(1, 2))]
+    assert len(fed) > 1 and len(told) >= straight.num_frames
+    np.testing.assert_array_equal(told, np.broadcast_to(np.stack([np.zeros_like(s), s, s], -1), told.shape))
+
+
 def test_the_route_changes_the_frames_and_only_its_own(backend):
     with_route, other, without = request(4), request(4), request(4, routes=False)
     other.routes = other.routes.copy()
-    other.routes[3:] = routes_from_yx(np.random.default_rng(9).normal(0, 30, (len(other.routes) - 3, K, 2)))
+    other.routes[3:] = routes_from_xy(np.random.default_rng(9).normal(0, 30, (len(other.routes) - 3, K, 2)))
     together = backend.generate([with_route, other, without], GREEDY, progress=False)
     alone = backend.generate([with_route], GREEDY, progress=False)[0]
     np.testing.assert_array_equal(together[0], alone)  # batch-mates with other routes do not matter

@@ -12,7 +12,7 @@ import torch
 
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import RolloutRequest
-from terra.contract.routes import routes_from_yx
+from terra.contract.routes import routes_from_xy
 from tests.conftest import VLLM_BLOCK_SIZE
 
 pytestmark = pytest.mark.vllm
@@ -34,7 +34,7 @@ def requests(layout, num_context: int, num_frames: int, seed: int, with_routes=(
     frames = num_context + num_frames
     out = []
     for i, routed in enumerate(with_routes):
-        routes = routes_from_yx(rng.normal(0, 20, (frames, layout.route_tokens, 2))) if routed else None
+        routes = routes_from_xy(rng.normal(0, 20, (frames, layout.route_tokens, 2))) if routed else None
         out.append(RolloutRequest(context, rng.normal(0, 2, (frames - 1, layout.action_tokens, 3)).astype(np.float32),
                                   num_frames, seed=i, routes=routes))
     return out

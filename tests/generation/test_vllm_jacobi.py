@@ -22,7 +22,7 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
 from terra.generation.speculative import accepted_guesses, next_guesses
-from terra.contract.routes import routes_from_yx
+from terra.contract.routes import routes_from_xy
 from tests.conftest import tiny_model, tiny_route_model
 from tests.generation.v2_replay import replay_rollout, replay_rollout_by_window
 
@@ -286,7 +286,7 @@ def route_request(rng_seed: int, rows: int, num_frames: int, seed: int) -> tuple
     rng = np.random.default_rng(rng_seed)
     context = rng.integers(0, model.config.codebook_size, (2, model.config.num_image_patches))
     request = RolloutRequest(context, rng.normal(0, 1, (rows, 6, 3)).astype(np.float32), num_frames, seed=seed,
-                             routes=routes_from_yx(rng.normal(0, 5, (rows + 1, model.config.num_route_tokens, 2))))
+                             routes=routes_from_xy(rng.normal(0, 5, (rows + 1, model.config.num_route_tokens, 2))))
     return model, request
 
 

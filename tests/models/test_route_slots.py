@@ -13,7 +13,7 @@ from tests.conftest import TINY, TINY_ROUTES, tiny_model, tiny_route_model
 from terra.core.errors import TerraInputError
 from terra.contract.layout import TokenLayout
 from terra.generation.rollout import RolloutRequest, RolloutState
-from terra.contract.routes import no_route, routes_from_yx
+from terra.contract.routes import no_route, route_slot_values, routes_from_xy
 from terra.models import LlamaActionConfig
 
 P, A, K, WINDOW = 64, 6, TINY_ROUTES, 6
@@ -24,7 +24,7 @@ PLACEHOLDER = 512
 def route_frames(frames: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Codes ``[frames, P]``, actions ``[frames - 1, A, 3]`` and per-frame routes ``[frames, K, 3]``."""
     rng = np.random.default_rng(seed)
-    routes = routes_from_yx(rng.normal(0, 5, (frames, K, 2)))
+    routes = routes_from_xy(rng.normal(0, 5, (frames, K, 2)))
     return rng.integers(0, 512, (frames, P)), rng.normal(size=(frames - 1, A, 3)).astype(np.float32), routes
 
 
@@ -61,8 +61,8 @@ def test_a_model_without_route_slots_has_terra_tensors_only():
 
 @torch.no_grad()
 def reference_embeddings(model, codes: np.ndarray, actions: np.ndarray, routes: np.ndarray | None) -> torch.Tensor:
-    """Input embeddings of whole frames written out position by position (frame t's route slots hold route t + 1,
-    NaN or absent: the "no route" row of the slot)."""
+    """Input embeddings of whole frames written out position by position (frame t's route slots hold route t + 1 as
+    ``[y, x, s]``, NaN or absent: the "no route" row of the slot)."""
     rows = []
     for t, frame in enumerate(codes):
         for p in range(S):
@@ -77,7 +77,7 @@ def reference_embeddings(model, codes: np.ndarray, actions: np.ndarray, routes: 
                 if point is None or np.isnan(point).any():
                     e = model.no_route_embedding[k]
                 else:
-                    e = model.route_projection(torch.from_numpy(point))
+                    e = model.route_projection(torch.from_numpy(point[[1, 0, 2]]))
             table = model.pos_embedding_spatio_temporal
             rows.append(e + table.spatio_embeddings.weight[position % S] + table.temporal_embeddings.weight[t])
     return torch.stack(rows)
@@ -153,17 +153,18 @@ def test_rollout_state_carries_routes_shifted_by_one_frame():
     codes, actions, routes = route_frames(4, seed=4)  # 2 context + 2 new frames: 3 actions, 4 routes
     state = RolloutState(RolloutRequest(codes[:2], actions, 2, routes=routes), layout())
     np.testing.assert_array_equal(state.conditions[:, :A], actions)
-    np.testing.assert_array_equal(state.conditions[:, A:], routes[1:])
+    slots = route_slot_values(routes)  # [y, x, s]
+    np.testing.assert_array_equal(state.conditions[:, A:], slots[1:])
     twin = state.copy()
     twin.set_next_route(routes[0])  # the next frame (2) is drawn where route 0 was: frame 1's slots hold it
     twin.set_next_action(np.ones((A, 3), np.float32))
-    np.testing.assert_array_equal(twin.routes[1], routes[0])
-    np.testing.assert_array_equal(twin.routes[2], routes[0])  # the frame after: the same, until set (guesses)
-    np.testing.assert_array_equal(state.conditions[:, A:], routes[1:])  # the copy is independent
+    np.testing.assert_array_equal(twin.route_slots[1], slots[0])
+    np.testing.assert_array_equal(twin.route_slots[2], slots[0])  # the frame after: the same, until set (guesses)
+    np.testing.assert_array_equal(state.conditions[:, A:], slots[1:])  # the copy is independent
     np.testing.assert_array_equal(state.actions, actions)
     twin.set_next_route(None)
-    assert np.isnan(twin.routes[1]).all()
-    assert np.isnan(RolloutState(RolloutRequest(codes[:2], actions, 2), layout()).routes).all()
+    assert np.isnan(twin.route_slots[1]).all()
+    assert np.isnan(RolloutState(RolloutRequest(codes[:2], actions, 2), layout()).route_slots).all()
 
 
 def test_routes_that_do_not_fit_are_refused():

@@ -45,5 +45,5 @@ def drive_poses(scenario, lateral_m: float = 0.0) -> np.ndarray:
 def route_offsets(scene, poses: np.ndarray, routes: np.ndarray) -> np.ndarray:
     """``[T, K]`` lateral offsets from the scene's road centre line (m, left positive) of routes ``[T, K, 3]`` told
     at world ``poses`` ``[T, 3]``: where on the road each route point lies."""
-    world = to_world(np.asarray(routes, dtype=np.float64)[..., 1::-1], np.asarray(poses)[:, None])
+    world = to_world(np.asarray(routes, dtype=np.float64)[..., :2], np.asarray(poses)[:, None])
     return scene.road_coords(world[..., 0], world[..., 1])[1]

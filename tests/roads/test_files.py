@@ -16,8 +16,8 @@ STRAIGHT_AHEAD = [[0, 0], [10, 0], [20, 0], [90, 0]]  # x first: a road straight
 
 def test_a_polyline_written_x_first_is_straight_ahead():
     route = route_at(road_from_json(STRAIGHT_AHEAD), np.array([5.0, 0.0, 0.0]), 8)
-    np.testing.assert_allclose(route[:, 0], 0.0, atol=1e-6)  # no turn: y (left) stays 0
-    np.testing.assert_allclose(route[:, 1], [10, 20, 30, 40, 50, 60, 70, 80], atol=1e-5)
+    np.testing.assert_allclose(route[:, 1], 0.0, atol=1e-6)  # no turn: y (left) stays 0
+    np.testing.assert_allclose(route[:, 0], [10, 20, 30, 40, 50, 60, 70, 80], atol=1e-5)
 
 
 def test_lanes_with_successors_and_without():
@@ -30,8 +30,24 @@ def test_lanes_with_successors_and_without():
     assert [lane.id for lane in road.lanes] == ["0", "1", "2"]
     end = route_at(road, np.array([10.0, 0.0, 0.0]), 8)[-1]  # 40 m along lane 0, then 40 m along lane 2
     first = np.hypot(30.0, 10.0)
-    np.testing.assert_allclose(end[:2], [10.0 + (40.0 - first) * 30.0 / np.hypot(20.0, 30.0),
-                                         70.0 + (40.0 - first) * 20.0 / np.hypot(20.0, 30.0)], atol=1e-3)
+    np.testing.assert_allclose(end[:2], [70.0 + (40.0 - first) * 20.0 / np.hypot(20.0, 30.0),
+                                         10.0 + (40.0 - first) * 30.0 / np.hypot(20.0, 30.0)], atol=1e-3)
+
+
+def test_numpy_numbers_and_arrays_are_a_road_as_lists_are():
+    """A road built in Python: numpy floats and ints, arrays and tuples where JSON has numbers and lists; a boolean
+    array is still no number."""
+    pose = np.array([[5.0, 0.0, 0.0]])
+    expected = routes_along(road_from_json(STRAIGHT_AHEAD), pose, 8)
+    array = np.array(STRAIGHT_AHEAD, dtype=np.float32)
+    forms = {"numpy floats": [[np.float64(x), np.float32(y)] for x, y in STRAIGHT_AHEAD],
+             "numpy ints": [[np.int64(x), np.int32(y)] for x, y in STRAIGHT_AHEAD],
+             "an array": array, "arrays": list(array), "tuples": [tuple(p) for p in STRAIGHT_AHEAD],
+             "lanes": [array, {"points": array + [0.0, 3.5], "successors": np.array([], dtype=int)}]}
+    for name, road in forms.items():
+        np.testing.assert_allclose(routes_along(road_from_json(road), pose, 8), expected, atol=1e-6, err_msg=name)
+    with pytest.raises(TerraInputError, match=r"^road\[0\]\[0\]: must be a number \(x, metres\), got True"):
+        road_from_json(np.ones((2, 2), dtype=bool))
 
 
 def test_a_road_file_in_json_or_csv(tmp_path):

@@ -29,7 +29,7 @@ def y_fork(successors: dict[str, tuple[str, ...]] | None = None) -> Road:
 
 
 def to_world(route: np.ndarray, pose: np.ndarray) -> np.ndarray:
-    left, forward = route[:, 0].astype(np.float64), route[:, 1].astype(np.float64)
+    forward, left = route[:, 0].astype(np.float64), route[:, 1].astype(np.float64)
     c, s = np.cos(pose[2]), np.sin(pose[2])
     return np.stack([pose[0] + c * forward - s * left, pose[1] + s * forward + c * left], axis=-1)
 
@@ -49,8 +49,8 @@ def test_geometry_chains_the_trunk_into_both_branches():
 def test_without_known_poses_a_fork_takes_the_straightest_branch():
     pose = np.array([20.0, -1.0, 0.0])  # in the trunk's lane, 1 m right of its centreline
     route = route_at(y_fork(), pose, 8)
-    np.testing.assert_allclose(route[:, 0], 1.0, atol=1e-4)  # the centreline 1 m to the left, straight on
-    np.testing.assert_allclose(route[:, 1], np.arange(10.0, 81.0, 10.0), atol=1e-4)
+    np.testing.assert_allclose(route[:, 1], 1.0, atol=1e-4)  # the centreline 1 m to the left, straight on
+    np.testing.assert_allclose(route[:, 0], np.arange(10.0, 81.0, 10.0), atol=1e-4)
     np.testing.assert_allclose(route[:, 2], np.arange(10.0, 81.0, 10.0))
 
 
@@ -107,7 +107,7 @@ def test_stated_successors_replace_the_geometry():
 def test_past_the_road_end_the_points_stay_at_the_end():
     road = Road([Lane([[0.0, 0.0], [100.0, 0.0]])])
     route = route_at(road, np.array([60.0, 0.0, 0.0]), 8)
-    np.testing.assert_allclose(route[:, 1], [10.0, 20.0, 30.0, 40.0, 40.0, 40.0, 40.0, 40.0], atol=1e-5)
+    np.testing.assert_allclose(route[:, 0], [10.0, 20.0, 30.0, 40.0, 40.0, 40.0, 40.0, 40.0], atol=1e-5)
 
 
 @pytest.mark.parametrize("pose", [[20.0, 4.5, 0.0], [20.0, -1.0, np.pi], [20.0, -1.0, 1.2], [1e5, 0.0, 0.0],
@@ -133,6 +133,6 @@ def test_routes_are_fast_on_a_map_of_thousands_of_lanes():
     start = time.perf_counter()
     routes = np.stack([route_at(road, pose, 8) for pose in poses])  # cars all over the map, one frame each
     per_route = (time.perf_counter() - start) / len(poses)
-    np.testing.assert_allclose(routes[:, :, 0], 0.0, atol=1e-6)  # each car's own lane, chained lane after lane
-    np.testing.assert_allclose(routes[:, :, 1], np.broadcast_to(np.arange(10.0, 81.0, 10.0), (500, 8)), atol=1e-4)
+    np.testing.assert_allclose(routes[:, :, 1], 0.0, atol=1e-6)  # each car's own lane, chained lane after lane
+    np.testing.assert_allclose(routes[:, :, 0], np.broadcast_to(np.arange(10.0, 81.0, 10.0), (500, 8)), atol=1e-4)
     assert built < 5.0 and per_route < 0.02, (built, per_route)

@@ -188,7 +188,7 @@ def test_a_hostile_map_within_the_limits_answers_each_frame_quickly_and_loops_no
     start = time.perf_counter()
     for t, pose in enumerate(poses):
         route = route_at(road, pose, 8, poses[t + 1:])
-        assert np.isnan(route).all() or (route[:, 1] > 0.0).all(), route  # never a point behind the car
+        assert np.isnan(route).all() or (route[:, 0] > 0.0).all(), route  # never a point behind the car
     assert (time.perf_counter() - start) / len(poses) < FRAME_S
 
 
@@ -198,7 +198,7 @@ def test_no_lane_leads_into_itself_nor_back_over_itself():
                                                                                          ("own", "short", "after"))])
     assert road.next_lanes == ((2,), (2,), (), ())
     route = route_at(road, np.array([0.1, 0.0, 0.0]), 8)
-    np.testing.assert_allclose(route[:, 1], np.arange(10.0, 41.0, 10.0).tolist() + [49.9] * 4, atol=1e-4)
+    np.testing.assert_allclose(route[:, 0], np.arange(10.0, 41.0, 10.0).tolist() + [49.9] * 4, atol=1e-4)
 
 
 def test_crowded_junctions_and_too_many_stated_successors_are_one_line():

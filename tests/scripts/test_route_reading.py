@@ -38,11 +38,11 @@ def test_the_measurements_see_the_true_road_bend_where_the_route_says():
         codes, routes = true_codes(seed, start_s, reading.CONTEXT + reading.GENERATED)
         assert codes.shape[1:] == (8, 16) and 0 <= codes.min() and codes.max() < 64
         assert reading.roadness(codes[0, -1, 6:9]).all()  # the lane ahead, at the bottom of the band, is asphalt
-        bend = routes[-1, :, 0] - routes[-1, 0, 0]
+        bend = routes[-1, :, 1] - routes[-1, 0, 1]
         assert np.sign(bend[-1]) == side  # the route's far end lies on the bend's side
-        np.testing.assert_array_equal(reading.straight_routes(routes)[..., 0], routes[..., :1, 0].repeat(16, -1))
-        np.testing.assert_allclose(reading.mirrored_routes(routes)[..., 0] - routes[..., :1, 0], -(
-            routes[..., 0] - routes[..., :1, 0]), atol=1e-5)
+        np.testing.assert_array_equal(reading.straight_routes(routes)[..., 1], routes[..., :1, 1].repeat(16, -1))
+        np.testing.assert_allclose(reading.mirrored_routes(routes)[..., 1] - routes[..., :1, 1], -(
+            routes[..., 1] - routes[..., :1, 1]), atol=1e-5)
         late = codes[reading.CONTEXT + reading.GENERATED // 2:]
         shifts.append(side * -(reading.road_centroid(late) - reading.road_centroid(codes[reading.CONTEXT - 1])))
     assert np.mean(shifts) > 0.2 and sum(s > 0 for s in shifts) >= 5

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from terra.config.sampling import SamplingConfig
+from terra.contract.routes import route_slot_values
 from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.ego_motion import advance_pose, compose
@@ -42,7 +43,7 @@ def test_a_builtin_session_is_told_the_road_at_each_step(host):
         world.append(compose(context.poses[-1], np.asarray(pose)))
     routes = context.scene.route(np.stack(world), TINY_ROUTES)
     state = session.rollout.state
-    np.testing.assert_allclose(state.routes[: len(world) - 1], routes[1:], atol=1e-5)
+    np.testing.assert_allclose(state.route_slots[: len(world) - 1], route_slot_values(routes[1:]), atol=1e-5)
     request = RolloutRequest(context.codes, np.concatenate([context.actions, np.stack(actions)]), 7, seed=5,
                              routes=routes)
     batch = host.backend.generate([request], GREEDY, progress=False)[0]
@@ -53,4 +54,4 @@ def test_a_session_from_codes_has_no_route(host):
     codes = np.random.default_rng(1).integers(0, 512, (2, 8, 8))
     session = host.open(codes=codes, seed=1)
     session.step([[0.0, 4.0, 0.45]] * 6, decode=False)
-    assert np.isnan(session.rollout.state.routes).all()
+    assert np.isnan(session.rollout.state.route_slots).all()

@@ -188,11 +188,11 @@ def test_each_clips_road_gives_its_frames_routes_and_a_clip_without_one_no_route
     for name, lateral in (("a-csv", 0.0), ("c-clipgt", 1.5)):
         routes = found[name][1]
         assert routes.shape == (6, 16, 3)
-        np.testing.assert_allclose(routes[..., 1], np.broadcast_to(ahead, (6, 16)), atol=1e-3)  # x forward
-        np.testing.assert_allclose(routes[..., 0], lateral, atol=1e-3)  # y left
+        np.testing.assert_allclose(routes[..., 0], np.broadcast_to(ahead, (6, 16)), atol=1e-3)  # x forward
+        np.testing.assert_allclose(routes[..., 1], lateral, atol=1e-3)  # y left
     assert np.isnan(found["b-none"][1]).all()  # the contract's "no route" rows
     phi = ahead / RADIUS  # a circle turning left: every frame sees the same route in its own frame
-    circle = np.stack([RADIUS * (1 - np.cos(phi)), RADIUS * np.sin(phi)], axis=-1)
+    circle = np.stack([RADIUS * np.sin(phi), RADIUS * (1 - np.cos(phi))], axis=-1)
     np.testing.assert_allclose(found["d-json"][1][..., :2], np.broadcast_to(circle, (6, 16, 2)), atol=0.05)
 
 
@@ -205,7 +205,7 @@ def test_routes_driven_path_are_the_cars_own_path_ahead_and_none_past_the_record
     assert lines == [] and summary.routed_frames == 4
     routes = shard_clips(tmp_path / "shards")["circle"][1]
     phi = route_distances(16) / RADIUS
-    expected = np.stack([RADIUS * (1 - np.cos(phi)), RADIUS * np.sin(phi)], axis=-1)
+    expected = np.stack([RADIUS * np.sin(phi), RADIUS * (1 - np.cos(phi))], axis=-1)
     np.testing.assert_allclose(routes[:4, :, :2], np.broadcast_to(expected, (4, 16, 2)), atol=0.01)
     assert np.isnan(routes[4:]).all()
     assert read_index(tmp_path / "shards").routes == "driven_path"
@@ -304,8 +304,8 @@ def test_a_road_with_a_byte_order_mark_or_rails_in_any_arrow_list_layout_gives_r
     lines, summary = run_prepare(logs, tmp_path / "shards")
     assert lines == [] and (summary.used, summary.routed_frames) == (5, 30), lines
     for name, (_, routes) in shard_clips(tmp_path / "shards").items():
-        np.testing.assert_allclose(routes[..., 0], 0.0, atol=1e-3, err_msg=name)  # the lane under the car
-        np.testing.assert_allclose(routes[..., 1], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)
+        np.testing.assert_allclose(routes[..., 1], 0.0, atol=1e-3, err_msg=name)  # the lane under the car
+        np.testing.assert_allclose(routes[..., 0], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)
 
 
 def test_stacked_and_finely_split_short_lanes_are_read_quickly_and_never_lead_a_route_back(tmp_path):
@@ -327,5 +327,5 @@ def test_stacked_and_finely_split_short_lanes_are_read_quickly_and_never_lead_a_
                      "clip that lies on a lane, so no frame has a route; give the road ahead of the drive"
                      for name in ("a-stacked", "b-5cm")]
     routes = shard_clips(tmp_path / "shards")["c-50cm"][1]
-    np.testing.assert_allclose(routes[..., 1], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)
-    np.testing.assert_allclose(routes[..., 0], 0.0, atol=1e-3)
+    np.testing.assert_allclose(routes[..., 0], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)
+    np.testing.assert_allclose(routes[..., 1], 0.0, atol=1e-3)

@@ -191,7 +191,7 @@ def test_the_index_and_the_split_by_clip(prepared):
     root, result, _ = prepared
     index = json.loads((root / "shards" / "index.json").read_text())
     assert {k: index[k] for k in ("version", "codebook_size", "grid", "image_size", "frame_rate_hz", "tokenizer")} == {
-        "version": 2, "codebook_size": 1024, "grid": [9, 16], "image_size": [144, 256], "frame_rate_hz": 10.0,
+        "version": 3, "codebook_size": 1024, "grid": [9, 16], "image_size": [144, 256], "frame_rate_hz": 10.0,
         "tokenizer": str(DEMO_TOKENIZER.resolve())}
     split = expected_split(["frames_10hz_actions", "frames_12hz_csv", "video_json"])
     frames = {"frames_12hz_csv": 25, "video_json": 15, "frames_10hz_actions": 12}

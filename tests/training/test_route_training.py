@@ -21,7 +21,7 @@ from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError
 from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
-from terra.contract.routes import resample_routes, route_distances, routes_from_yx
+from terra.contract.routes import resample_routes, route_distances, route_slot_values, routes_from_xy
 from terra.models import LlamaActionForCausalLM
 from terra.models.checkpoint import read_world_model_config
 from terra.sim.dataset import ClipDataset, write_dataset
@@ -114,7 +114,7 @@ def test_a_windows_route_slots_hold_the_next_frames_route_at_the_models_points(d
         assert routes.shape == (4, 8, 3) and codes.shape == (4, 15)
         future = poses[clip, start + 1:start + 5]
         expected = np.full((4, 8, 3), np.nan, dtype=np.float32)
-        expected[:len(future)] = scene_of(drives, clip).route(future, 8)
+        expected[:len(future)] = route_slot_values(scene_of(drives, clip).route(future, 8))  # the slots' [y, x, s]
         np.testing.assert_array_equal(routes.numpy(), expected)
         np.testing.assert_array_equal(data.train.frame_routes(clip, start, 4),
                                       scene_of(drives, clip).route(poses[clip, start:start + 4], 8))
@@ -307,7 +307,7 @@ def test_a_route_model_learns_what_only_the_next_frames_route_tells(tmp_path):
     rng = np.random.default_rng(0)
     clips, frames, points = 60, 8, 16
     lateral = rng.uniform(-20, 20, (clips, frames, points))
-    routes = routes_from_yx(np.stack([lateral, np.broadcast_to(route_distances(points), lateral.shape)], -1))
+    routes = routes_from_xy(np.stack([np.broadcast_to(route_distances(points), lateral.shape), lateral], -1))
     column = np.clip(((lateral[..., 1:10:2] + 20) / 40 * 16).astype(int), 0, 15)  # K = 8: every second point
     tokens = save_tokens(tmp_path / "tokens.safetensors", TokenizedClips(
         codes=np.repeat(column[:, :, None], 3, axis=2), actions=np.zeros((clips, frames, 6, 3), np.float32),

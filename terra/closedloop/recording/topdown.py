@@ -50,7 +50,7 @@ def topdown_png(drive: Drive) -> bytes:
     if drive.route_source is not None and drive.route_source == scenario.route_source:
         at = poses[::ROUTE_EVERY]
         routes = scenario.model_routes(at, ROUTE_POINTS)
-        lines = [to_world(route[:, 1::-1], pose) for route, pose in zip(routes, at) if np.isfinite(route).all()]
+        lines = [to_world(route[:, :2], pose) for route, pose in zip(routes, at) if np.isfinite(route).all()]
         shown += lines
         axes.add_collection(LineCollection(lines, colors=ROUTE_COLOR, linewidths=2.0, alpha=0.6,
                                            label=f"route told ({drive.route_source}; "

@@ -16,6 +16,7 @@ from terra.closedloop.plans import as_plan  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld, TrueWorld  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
+from terra.contract.routes import route_slot_values  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
 from terra.generation.backends import model_backend  # noqa: E402
 from terra.models.presets import TINY_TOKENIZER  # noqa: E402
@@ -102,7 +103,7 @@ def test_a_route_model_in_the_env_is_told_the_road_ahead_of_each_pose(single_thr
             drive = env.drive
             state = drive.handle.rollout.state
             route = scenarios[0].scene.route(drive.reached(), TINY_ROUTES)
-            np.testing.assert_allclose(state.routes[state.next_frame - 2], route, atol=1e-5)
+            np.testing.assert_allclose(state.route_slots[state.next_frame - 2], route_slot_values(route), atol=1e-5)
         env.close()
     finally:
         world.shutdown()
