@@ -340,8 +340,8 @@ def test_until_decided_adds_scenarios_in_rounds_keeping_every_drive_and_says_wha
 
 def test_a_rerun_redoes_the_drives_whose_model_or_maps_changed_in_place_or_whose_video_was_cut(tmp_path, capsys):
     """The world model's weights replaced in the same folder, then each scenario's map moved 3.5 m in its file: every
-    drive is made again each time, said in one line; a drive whose video was cut short is made again too, the others
-    kept."""
+    drive is made again each time, said in one line; a drive whose video was cut short, or swapped for the other's, is
+    made again too, the other kept."""
     from terra.closedloop.scenario_maps import export_maps
     from terra.closedloop.study.drives import terra_drive as run_drive
     from terra.roads import Lane, Road, read_clipgt, write_clipgt
@@ -371,8 +371,13 @@ def test_a_rerun_redoes_the_drives_whose_model_or_maps_changed_in_place_or_whose
     said = rerun()
     assert "terra-drive: model world: 2 drives redone: the scenario's files changed" in said
     assert "2 drives ok, 0 failed, 0 already complete" in said
-    video = sorted(out.glob("*.mp4"))[0]
+    video, other = sorted(out.glob("*.mp4"))
     video.write_bytes(video.read_bytes()[:64])
     said = rerun()
     assert "1 drive redone: its files are not whole" in said and "1 drives ok, 0 failed, 1 already complete" in said
     assert video.stat().st_size > 64
+    whole = video.read_bytes()
+    video.write_bytes(other.read_bytes())  # the other drive's video, whole, in its place
+    said = rerun()
+    assert "1 drive redone: its files are not whole" in said and "1 drives ok, 0 failed, 1 already complete" in said
+    assert video.read_bytes() == whole
