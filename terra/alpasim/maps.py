@@ -61,13 +61,13 @@ def release_map_memory() -> None:
 
 def session_map(data: bytes, route_tokens: int, session_id: str) -> SessionMap:
     """The map of a session whose model has ``route_tokens`` route slots, from ``hdmap_parquets`` ``data``."""
+    if not data:
+        log.info("session %s: no HD map (%s is empty): the model runs without a route", session_id, MAP_FIELD)
+        return SessionMap(session_id, None, route_tokens)
     if not route_tokens:
         log.info("session %s: the world model has no route slots, so the HD map (%d bytes) is not read",
                  session_id, len(data))
         return SessionMap(session_id, None, 0)
-    if not data:
-        log.info("session %s: no HD map (%s is empty): the model runs without a route", session_id, MAP_FIELD)
-        return SessionMap(session_id, None, route_tokens)
     start = time.perf_counter()
     try:
         road = read_clipgt(data, MAP_FIELD)

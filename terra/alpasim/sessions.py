@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 
 from terra.alpasim.fields import RequestError, client_id, quoted
-from terra.alpasim.maps import SessionMap, session_map
+from terra.alpasim.maps import SessionMap, release_map_memory, session_map
 from terra.alpasim.poses import Chunk, RigTrack
 from terra.alpasim.settings import AlpasimSettings
 from terra.alpasim.topview import TopView
@@ -158,6 +158,10 @@ class SessionTable:
         if session is None:
             return False
         self.engine.close_rollout(session.rollout).result()
+        held_map = session.hd_map.road is not None
+        del session  # the last reference to its road: the map's arrays are freed here
+        if held_map:
+            release_map_memory()
         return True
 
     def _reap_idle(self) -> None:

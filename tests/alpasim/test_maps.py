@@ -2,7 +2,8 @@
 synthetic scenes exported as clipgt zips tell the engine, at every frame of the closed loop's 16 scenarios, the
 scene's own routes; a route model holds each frame's route in the slots before it; a Y-fork is followed along the
 branch the rig takes; each hostile map is one status or one log line while another session goes on; the HD-map
-condition frames draw the told route; a model without route slots does not read the map.
+condition frames draw the told route; a model without route slots does not read the map; a closed session gives
+back its map's memory.
 
 Most tests run the real service and session table on a stand-in engine that records what each step is told (a frame
 is code 0 at once, its pixels black), so that 16 drives of 20 s take seconds; one runs the tiny route model.
@@ -10,6 +11,7 @@ is code 0 at once, its pixels black), so that 16 drives of 20 s take seconds; on
 
 from __future__ import annotations
 
+import gc
 import io
 import logging
 import threading
@@ -20,6 +22,7 @@ from contextlib import contextmanager
 from types import SimpleNamespace
 
 import numpy as np
+import psutil
 import pytest
 from PIL import Image
 
@@ -258,6 +261,26 @@ def many_lanes(count: int = 100_000) -> bytes:
         [rail, rail], names=["left_rail", "right_rail"])}))})
 
 
+def large_map(lanes: int = 19_000, points: int = 100, notes_mib: int = 16) -> bytes:
+    """A legal map near the limits, zipped to under a MiB: ``lanes`` parallel lanes of ``points`` points 1 m apart
+    (19,000 x 100: nearly 2,000,000 points, a road of about 100 MiB of arrays) in a lane table of about 110 MiB
+    unpacked (its ``notes`` column unread)."""
+    import pyarrow as pa
+
+    offsets = pa.array(np.arange(0, lanes * points + 1, points, dtype=np.int32))
+    x = pa.array(np.tile(np.arange(points, dtype=np.float64), lanes))
+
+    def rail(y: float) -> pa.Array:
+        ys = pa.array(np.repeat(np.arange(lanes) * 4.0 + y, points))
+        return pa.ListArray.from_arrays(offsets, pa.StructArray.from_arrays([x, ys, pa.array(np.zeros(len(x)))],
+                                                                            names=["x", "y", "z"]))
+
+    table = pa.table({"key": pa.StructArray.from_arrays([pa.array([f"L{i}" for i in range(lanes)])], names=["map_id"]),
+                      "lane": pa.StructArray.from_arrays([rail(1.75), rail(-1.75)], names=["left_rail", "right_rail"]),
+                      "notes": pa.array([bytes(notes_mib * 2**20 // lanes)] * lanes, pa.binary())})
+    return archive({"clip.lane.parquet": parquet(table, compression="none", use_dictionary=False)})
+
+
 HOSTILE = {
     "zip bomb": (zip_bomb, ["unpack to 528 MiB, more than 128 MiB"]),
     "200 MiB of tables": (lambda: zip_bomb(200), ["unpack to 200 MiB, more than 128 MiB"]),  # held whole to read
@@ -360,15 +383,18 @@ def test_hdmap_frames_draw_each_frames_told_route(recorded, scenarios):
     assert drawn == [image.data for a in answers for image in a.camera_outputs[0].hdmap_condition_frames]
 
 
-def test_a_model_without_route_slots_does_not_read_the_map(caplog):
+@pytest.mark.parametrize("data, line", [
+    (b"not a map", "no route slots, so the HD map (9 bytes) is not read"),
+    (b"", "no HD map (static_world_map.hdmap_parquets is empty)"),
+], ids=["map", "no_map"])
+def test_a_model_without_route_slots_does_not_read_the_map(caplog, data, line):
     caplog.set_level(logging.INFO, logger="terra.alpasim")
     table = recording_table(0)
     with serving(table) as runtime:
         poses = np.array([[float(k), 0.0, 0.0] for k in range(14)])
-        _, rollout = drive(runtime, table, poses, static_world_map=pb.StaticWorldMap(hdmap_parquets=b"not a map"))
+        _, rollout = drive(runtime, table, poses, static_world_map=pb.StaticWorldMap(hdmap_parquets=data))
     assert rollout.context_routes is None and rollout.routes == [None] * 13
-    assert len([r for r in caplog.records if "no route slots, so the HD map (9 bytes) is not read"
-                in r.getMessage()]) == 1
+    assert len([r for r in caplog.records if line in r.getMessage()]) == 1
 
 
 
@@ -390,3 +416,44 @@ def test_maps_of_stacked_or_finely_split_short_lanes_answer_each_chunk_within_a_
             runtime.chunk(session, chunk)
             assert time.perf_counter() - begin < 1.0
         runtime.close(session)
+
+
+OPEN_MIB = 256  # what a session of the large map may hold: its road (about 120 MiB), not its reading's peak (590)
+CLOSED_MIB = 48  # what it may leave held once closed: far less than its road
+MEMORY_DEADLINE_S = 10.0
+
+
+def mib_held_over(process, baseline: int, bound_mib: float) -> float:
+    """The MiB ``process`` holds over ``baseline`` bytes, once under ``bound_mib`` or at the deadline."""
+    deadline = time.monotonic() + MEMORY_DEADLINE_S
+    while True:
+        gc.collect()
+        held = (process.memory_info().rss - baseline) / 2**20
+        if held < bound_mib or time.monotonic() > deadline:
+            return held
+
+
+def test_a_session_gives_back_the_memory_of_its_large_map_when_it_closes():
+    """A legal map near the limits (about 110 MiB of tables, a road of about 120 MiB of arrays) read and driven: the
+    server holds its road, not its reading's peak; once the session closes, it is back within :data:`CLOSED_MIB` of
+    what it held before; a second such session holds no more."""
+    server = psutil.Process()
+    data = large_map()
+    assert len(data) < 2**20 and sum(i.file_size for i in zipfile.ZipFile(io.BytesIO(data)).infolist()) > 100 * 2**20
+    poses = np.array([[float(k), 0.0, 0.0] for k in range(22)])  # along the first lane
+    table = recording_table(ROUTES)
+    with serving(table) as runtime:
+        drive(runtime, table, poses, static_world_map=clipgt(distant_road(0.0)))  # a small map: what any run holds
+        before = server.memory_info().rss
+        for _ in range(2):
+            session = runtime.start(static_world_map=pb.StaticWorldMap(hdmap_parquets=data))
+            for chunk in chunked(poses):
+                runtime.chunk(session, chunk)
+            assert np.isfinite(told(table.get(session.session_id).rollout)).all()  # the map was read and followed
+            held = mib_held_over(server, before, OPEN_MIB)
+            assert held < OPEN_MIB, f"{held:.0f} MiB held by a session of the large map"
+            runtime.close(session)
+            held = mib_held_over(server, before, CLOSED_MIB)
+            assert held < CLOSED_MIB, f"{held:.0f} MiB still held after the session closed"
+    assert not table.sessions
+

@@ -338,16 +338,20 @@ def test_until_decided_adds_scenarios_in_rounds_keeping_every_drive_and_says_wha
     assert left and all(name in rounds[2] for name in left)  # every statistic left open is named with its cost
 
 
-def test_a_rerun_redoes_the_drives_whose_model_changed_in_place_or_whose_video_was_cut(tmp_path, capsys):
-    """The world model's weights replaced in the same folder: every drive is made again, said in one line; a drive
-    whose video was cut short is made again too, the others kept."""
+def test_a_rerun_redoes_the_drives_whose_model_or_maps_changed_in_place_or_whose_video_was_cut(tmp_path, capsys):
+    """The world model's weights replaced in the same folder, then each scenario's map moved 3.5 m in its file: every
+    drive is made again each time, said in one line; a drive whose video was cut short, or swapped for the other's, is
+    made again too, the other kept."""
+    from terra.closedloop.scenario_maps import export_maps
     from terra.closedloop.study.drives import terra_drive as run_drive
+    from terra.roads import Lane, Road, read_clipgt, write_clipgt
     from tests.conftest import save_tiny_pair, tiny_model
 
-    pair, out = save_tiny_pair(tmp_path / "pair"), tmp_path / "out"
-    args = ["world=model", "num_scenarios=2", "num_steps=1", "policies=[constant_speed]", "backend=hf", "device=cpu",
-            "num_threads=1", "progress=false", f"model.world_model={pair / 'world_model'}",
-            f"tokenizer.path={pair / 'tokenizer'}"]
+    pair, out, maps = save_tiny_pair(tmp_path / "pair"), tmp_path / "out", tmp_path / "maps"
+    export_maps(maps, num_scenarios=2, scenario_seed=0)
+    args = ["world=model", "num_scenarios=2", "scenario_seed=0", f"road={maps}", "num_steps=1",
+            "policies=[constant_speed]", "backend=hf", "device=cpu", "num_threads=1", "progress=false",
+            f"model.world_model={pair / 'world_model'}", f"tokenizer.path={pair / 'tokenizer'}"]
 
     def rerun() -> str:
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
@@ -360,8 +364,20 @@ def test_a_rerun_redoes_the_drives_whose_model_changed_in_place_or_whose_video_w
     said = rerun()
     assert "terra-drive: model world: 2 drives redone: the world model changed" in said
     assert "2 drives ok, 0 failed, 0 already complete" in said
-    video = sorted(out.glob("*.mp4"))[0]
+    for path in sorted(maps.glob("*.zip")):  # the lanes and edges 3.5 m to the left, the same files
+        road = read_clipgt(path)
+        write_clipgt(Road([Lane(lane.points + [0.0, 3.5], lane.id, lane.successors) for lane in road.lanes],
+                          [edge + [0.0, 3.5] for edge in road.boundaries]), path, clip_id=path.stem)
+    said = rerun()
+    assert "terra-drive: model world: 2 drives redone: the scenario's files changed" in said
+    assert "2 drives ok, 0 failed, 0 already complete" in said
+    video, other = sorted(out.glob("*.mp4"))
     video.write_bytes(video.read_bytes()[:64])
     said = rerun()
     assert "1 drive redone: its files are not whole" in said and "1 drives ok, 0 failed, 1 already complete" in said
     assert video.stat().st_size > 64
+    whole = video.read_bytes()
+    video.write_bytes(other.read_bytes())  # the other drive's video, whole, in its place
+    said = rerun()
+    assert "1 drive redone: its files are not whole" in said and "1 drives ok, 0 failed, 1 already complete" in said
+    assert video.read_bytes() == whole

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -62,14 +63,21 @@ def shard_clips(folder: Path) -> dict[str, tuple[np.ndarray, np.ndarray | None]]
 # ------------------------------------------------------------------------------------------- end to end
 
 
+def prepare_app(root: Path, logs: str, shards: str) -> subprocess.CompletedProcess:
+    """``terra-prepare-logs`` run as a user runs it, in ``root``."""
+    done = subprocess.run([sys.executable, "-m", "terra.apps.prepare_logs", f"logs={logs}", f"output_dir={shards}",
+                           "device=cpu", "progress=false", "batch_size=8"], cwd=root, env=ENV, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 @pytest.fixture(scope="module")
 def logs_shards(tmp_path_factory) -> tuple[Path, Path]:
     root = tmp_path_factory.mktemp("e2e")
     write_driving_logs(root / "logs", CLIPS, FRAMES, 36, 64, seed=SEED, progress=False)
-    done = subprocess.run([sys.executable, "-m", "terra.apps.prepare_logs", "logs=logs", "output_dir=shards",
-                           "device=cpu", "progress=false", "batch_size=8"], cwd=root, env=ENV, capture_output=True,
-                          text=True, timeout=600)
-    assert done.returncode == 0 and done.stderr == "", done.stderr
+    done = prepare_app(root, "logs", "shards")
+    assert done.stderr == "", done.stderr
     routed = f"{CLIPS * FRAMES} frames written; {CLIPS * FRAMES} of them with a route"
     assert f"{CLIPS} clips used" in done.stdout and routed in done.stdout, done.stdout
     return root / "logs", root / "shards"
@@ -92,6 +100,28 @@ def test_synthetic_logs_carry_the_scenes_road_and_the_shards_its_routes(logs_sha
         assert record["road"] == ROAD_FILE == "road.json"
     assert worst < 0.05, f"max error {worst * 100:.2f} cm"
     assert read_index(shards).routes == "road"
+
+
+def test_a_rerun_redoes_the_clips_whose_road_moved_in_place(logs_shards, tmp_path):
+    """Every clip's road.json moved 2 m in its file: the rerun makes every clip again, said in one line, and its
+    shards hold the routes a first run of the moved logs writes, not the old ones."""
+    logs, shards = logs_shards
+    shutil.copytree(logs, tmp_path / "logs")
+    shutil.copytree(shards, tmp_path / "shards")
+    for path in sorted((tmp_path / "logs").glob(f"*/{ROAD_FILE}")):
+        road = json.loads(path.read_text())
+        for lane in road["road"]:
+            lane["points"] = [[x, y + 2.0] for x, y in lane["points"]]
+        path.write_text(json.dumps(road))
+    again = prepare_app(tmp_path, "logs", "shards")
+    assert again.stderr == f"terra-prepare-logs: {CLIPS} clips redone: the clip's files changed\n"
+    assert f"{CLIPS} clips used" in again.stdout and "0 already done" in again.stdout, again.stdout
+    prepare_app(tmp_path, "logs", "fresh")
+    rerun, fresh, old = shard_clips(tmp_path / "shards"), shard_clips(tmp_path / "fresh"), shard_clips(shards)
+    for clip, (codes, routes) in fresh.items():
+        np.testing.assert_array_equal(rerun[clip][1], routes)
+        np.testing.assert_array_equal(rerun[clip][0], codes)
+        assert np.abs(routes[..., :2] - old[clip][1][..., :2]).max() > 1.0
 
 
 def test_the_logs_train_a_warm_start_growing_8_route_slots(logs_shards, tmp_path, capsys):
