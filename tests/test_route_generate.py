@@ -96,7 +96,7 @@ def test_a_road_that_ends_ahead_is_said_per_frame_and_in_one_line(models, tmp_pa
     record = json.loads(sidecar.read_text())["rollouts"][0]
     assert record["route"] is True and record["route_told"] == ["told"] * 3 + ["road ended"] * 2
     assert record["ego_routes"][3:] == [None, None]
-    assert "terra-generate: 3 of 5 frames told a route (2 road ended)" in capsys.readouterr().out
+    assert "terra-generate: route told in 3 of 5 frames: 2 road ended" in capsys.readouterr().out
 
 
 def test_road_path_or_inline_tells_every_frame_its_route_and_a_bad_one_stops_before_any_model(models, tmp_path,

@@ -19,7 +19,7 @@ from terra.config.moved import move_settings
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, run_spec
-from terra.contract.routes import TOLD
+from terra.contract.routes import route_summary
 from terra.core.errors import TerraInputError, clipped
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.actions import check_input_files
@@ -124,10 +124,9 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
             print(f"terra-generate: {named_drive} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
         if given.old_routes:
             print(f"terra-generate: {named_drive}: {MOVED_ROUTES}", file=sys.stderr, flush=True)
-        if route_told is not None and route_told.count(TOLD) < len(route_told):
-            print(f"terra-generate: {route_told.count(TOLD)} of {len(route_told)} frames told a route "
-                  f"({', '.join(f'{route_told.count(v)} {v}' for v in dict.fromkeys(route_told) if v != TOLD)})",
-                  flush=True)
+        summary = None if route_told is None else route_summary(route_told)
+        if summary is not None:
+            print(f"terra-generate: {summary}", flush=True)
     if spec.context is None:  # the built-in scene driven by the manoeuvre (of the file: as manoeuvre= drives it)
         named = given is None or given.manoeuvre is not None
         manoeuvre = spec.manoeuvre if given is None else given.manoeuvre.name if named else "straight"

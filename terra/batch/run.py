@@ -15,6 +15,7 @@ from terra.batch.config import BatchConfig, BatchSpec, check_config, claim_outpu
 from terra.batch.plan import BatchPlan, plan_batch, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
 from terra.batch.stream import run_items
+from terra.contract.routes import route_summary
 from terra.config.checks import shown
 from terra.config.manifest import Manifest, count_statuses
 from terra.config.spec import redone_line
@@ -72,6 +73,12 @@ class BatchResult:
             return None
         return ("+".join(sorted({b["decoding"] for b in blocks})),
                 sum((PassStats.from_dict(b) for b in blocks), PassStats()))
+
+    def route_line(self) -> str | None:
+        """How many frames of the samples run now that gave routes were told one, and why the others not; None: all
+        were, or no sample gave routes."""
+        verdicts = [v for record in self.records for v in record.get("route_told") or ()]
+        return route_summary(verdicts) if verdicts else None
 
     def summary_line(self) -> str:
         c = self.counts
