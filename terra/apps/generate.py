@@ -7,6 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 import numpy as np
@@ -23,7 +24,7 @@ from terra.contract.routes import route_summary
 from terra.core.errors import TerraInputError, clipped
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.actions import check_input_files
-from terra.inputs.routes import road_of_setting
+from terra.inputs.routes import GivenRoutes, road_of_setting
 from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES, check_manoeuvre_params
 
 APP = "terra-generate"
@@ -80,6 +81,18 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
                         plain(cfg))
 
 
+def check_road_drive(drive: Any, num_context: int, num_frames: int, route_tokens: int,
+                     beside: GivenRoutes) -> None:
+    """Refuse a road that tells no frame of ``drive`` a route, whether the context frames still to load are 1 or
+    ``num_context`` (one line; a drive that fits only fewer context frames is checked once they are read)."""
+    from terra.inputs import trajectory_inputs
+
+    try:
+        trajectory_inputs(drive, num_context, num_frames, route_tokens, beside=beside)
+    except TerraInputError:
+        trajectory_inputs(drive, 1, num_frames, route_tokens, beside=beside)
+
+
 def run(spec: GenerateSpec, out_dir: Path) -> dict:
     """Generate the rollouts of a checked :class:`GenerateSpec`, write them under ``out_dir`` and return the summary."""
     t_start = time.perf_counter()
@@ -93,7 +106,7 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
 
     from terra.generation.pass_stats import PassStats
     from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
-    from terra.inputs.routes import MOVED_ROUTES, ROAD, GivenRoutes
+    from terra.inputs.routes import MOVED_ROUTES, ROAD
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
@@ -112,6 +125,8 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     named_drive = spec.trajectory or f"road={clipped(spec.road)}"
     if drive is not None and spec.context is None:  # read once, its routes checked, before the tokenizer loads
         given = trajectory_inputs(drive, num_context, num_frames, run.model.num_route_tokens, beside=beside)
+    elif beside is not None:  # the road checked before the tokenizer and the context frames load
+        check_road_drive(drive, num_context, num_frames, run.model.num_route_tokens, beside)
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     if spec.context is not None:
