@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -14,7 +15,7 @@ import torch
 from terra.core.errors import TerraInputError
 from terra.contract.actions import validate_actions
 from terra.contract.routes import NO_LANE_NEAR, NONE_GIVEN, TOLD
-from terra.inputs.routes import told_road_routes
+from terra.inputs.routes import road_of_setting, told_road_routes
 from terra.inputs.trajectory import MANOEUVRES
 from terra.inputs.ego_motion import advance_pose, compose, speed_of, to_ego
 from terra.roads import Road, told_route_at
@@ -23,6 +24,7 @@ from terra.sim import Scene, builtin_context, builtin_road
 from terra.tokenizer.images import load_images
 
 
+ROAD_SUFFIXES = (".json", ".csv", ".zip")  # the road files a server's roads folder holds
 OWN_ROAD = "own road"  # a session told its context's own road: the built-in world's scene, none for images and codes
 
 
@@ -57,6 +59,20 @@ class SessionContext:
             return None, NONE_GIVEN
         route = self.scene.route(compose(self.poses[-1], pose), route_tokens)
         return route, TOLD if np.isfinite(route).all() else NO_LANE_NEAR
+
+
+def named_roads(folder: str | Path | None) -> dict[str, Road]:
+    """The road files in ``folder`` (``.json``, ``.csv``, a clipgt ``.zip``), each read and checked, by file stem."""
+    if folder is None:
+        return {}
+    roads: dict[str, Road] = {}
+    for path in sorted(Path(folder).expanduser().iterdir()):
+        if path.suffix.lower() not in ROAD_SUFFIXES or not path.is_file():
+            continue
+        if path.stem in roads:
+            raise TerraInputError(f"{path.parent}: two road files are named {path.stem!r:.60}; rename one")
+        roads[path.stem] = road_of_setting(str(path), f"road {path.name}")
+    return roads
 
 
 def with_road(context: SessionContext, road: Road | None) -> SessionContext:

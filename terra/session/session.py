@@ -6,14 +6,14 @@ import secrets
 import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from terra.config.checks import MAX_FRAMES, MAX_SEED, check_whole_number
 from terra.config.sampling import SamplingConfig
 from terra.contract.routes import NO_ROUTE_SLOTS, NONE_GIVEN
-from terra.core.errors import TerraInputError
+from terra.core.errors import TerraInputError, quoted
 from terra.generation.pass_stats import PassStats
 from terra.generation.rollout import DEFAULT_OVERLAP, WorldModelBackend
 from terra.generation.session_engine import Rollout, SessionEngine, StepResult
@@ -172,10 +172,12 @@ class SessionHost:
         overlap: window overlap.
         sampling: the default of :meth:`open`.
         resize: how context images fit the tokenizer (``crop`` or ``stretch``).
+        roads: roads a session may give by name.
     """
 
     def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), max_frames: int = 1000,
-                 overlap: int = DEFAULT_OVERLAP, num_context: int = 3, resize: str = "crop") -> None:
+                 overlap: int = DEFAULT_OVERLAP, num_context: int = 3, resize: str = "crop",
+                 roads: Mapping[str, Road] | None = None) -> None:
         self.pipeline = None if isinstance(pipeline, WorldModelBackend) else pipeline
         self.backend: WorldModelBackend = pipeline if self.pipeline is None else pipeline.backend
         self.sampling = sampling
@@ -183,6 +185,7 @@ class SessionHost:
         self.overlap = check_whole_number(overlap, "overlap", 1, "overlap=3", MAX_FRAMES)
         self.num_context = check_whole_number(num_context, "num_context", 1, "num_context=3", MAX_FRAMES)
         self.resize = resize  # how context images fit the tokenizer: crop | stretch
+        self.roads = dict(roads or {})
         self.engine = SessionEngine(self.backend)
 
     @property
@@ -196,9 +199,14 @@ class SessionHost:
         if not self.layout.route_model:
             raise TerraInputError(f"road: {NO_ROUTE_SLOTS}, so it cannot take a road; leave road out")
         if isinstance(value, str) and not value.lstrip().startswith("["):
-            raise TerraInputError("road: give the road itself, [[x, y], ...] or a list of lanes, not a file name "
-                                  "(the server reads no files of its clients)")
-        road = road_of_setting(value)
+            if value not in self.roads:
+                named = f"one of this server's roads ({', '.join(self.roads)}) or " if self.roads else ""
+                raise TerraInputError(f"road: {quoted(value)} is no road this server knows; give {named}the road "
+                                      "itself, [[x, y], ...] or a list of lanes (the server reads no files of its "
+                                      "clients)")
+            road = self.roads[value]
+        else:
+            road = road_of_setting(value)
         told_road_routes(road, np.zeros((1, 3)), self.layout.route_tokens, "road", frame=SESSION_FRAME)
         return road
 

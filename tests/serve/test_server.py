@@ -186,13 +186,18 @@ def test_sessions_take_a_road_and_say_per_step_whether_it_was_told(client):
     assert frame["route_told"] == "told"
     assert client.get(f"/sessions/{told.json()['id']}").json()["route_told"] == ["told"]
 
+    named = client.post("/sessions", json={"seed": 2, "road": "ahead"})  # serve.roads' ahead.csv
+    assert named.status_code == 201 and named.json()["route_source"] == "road", named.text
+    assert client.post(f"/sessions/{named.json()['id']}/step", json={"action": STRAIGHT}).json()["route_told"] == "told"
+
     none = client.post("/sessions", json={"seed": 2, "road": None}).json()  # null: no route, not the scene's
     assert (none["route"], none["route_source"]) == (False, None)
     assert client.post(f"/sessions/{none['id']}/step", json={"action": STRAIGHT}).json()["route_told"] == "none given"
 
     for road, said in (([[500, 0], [700, 0]], "the nearest lane is 500.0 m away, heading 0 degrees off the car's"),
                        ([[10, 0], [-200, 0]], "heading 180 degrees off the car's"),
-                       ("road.json", "not a file name"), ([[0, "1"]], "road[0][1]: must be a number")):
+                       ("road.json", "'road.json' is no road this server knows; give one of this server's roads "
+                                     "(ahead) or the road itself"), ([[0, "1"]], "road[0][1]: must be a number")):
         refused = client.post("/sessions", json={"road": road})
         assert refused.status_code == 400 and said in refused.json()["error"], refused.text
     assert client.post(f"/sessions/{none['id']}/step", json={"action": STRAIGHT}).status_code == 200  # still serving
