@@ -54,8 +54,8 @@ def test_a_road_file_off_the_car_is_one_line_naming_the_nearest_lane_before_any_
     road.write_text(json.dumps({"road": straight_lane(scenario.start_pose, 20.0, 200.0, shift_m=6.0)}))
     started = time.monotonic()
     result = drive("num_scenarios=1", f"road={road}", f"output_dir={tmp_path / 'out'}", cwd=tmp_path)
-    one_error_line(result, "terra-drive", f"road={road}: scenario {scenario.id}: no frame's pose lies on a lane of "
+    one_error_line(result, "terra-drive", f"road={road}: scenario {scenario.id}: the car does not lie on a lane of "
                                           "the road (within 4 m of a centreline, heading within 60 degrees of it): "
-                                          "at frame 0 the nearest lane is 6.")
+                                          "the nearest lane is 6.")
     assert "heading 0 degrees off the car's; give the road in the scenario's world frame" in result.stderr
     assert time.monotonic() - started < 20 and not (tmp_path / "out").exists()  # no model loaded, nothing written

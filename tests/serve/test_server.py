@@ -194,8 +194,12 @@ def test_sessions_take_a_road_and_say_per_step_whether_it_was_told(client):
     assert (none["route"], none["route_source"]) == (False, None)
     assert client.post(f"/sessions/{none['id']}/step", json={"action": STRAIGHT}).json()["route_told"] == "none given"
 
-    for road, said in (([[500, 0], [700, 0]], "the nearest lane is 500.0 m away, heading 0 degrees off the car's"),
+    off = ("road: the car does not lie on a lane of the road (within 4 m of a centreline, heading within 60 degrees "
+           "of it): the nearest lane is 500.0 m away, heading 0 degrees off the car's; give the road in the session's "
+           "frame")
+    for road, said in (([[500, 0], [700, 0]], off),
                        ([[10, 0], [-200, 0]], "heading 180 degrees off the car's"),
+                       ([[-10, 0], [30, 0]], "the road ends within 40 m ahead of the car, so it has no route"),
                        ("road.json", "'road.json' is no road this server knows; give one of this server's roads "
                                      "(ahead) or the road itself"), ([[0, "1"]], "road[0][1]: must be a number")):
         refused = client.post("/sessions", json={"road": road})
