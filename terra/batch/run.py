@@ -15,10 +15,10 @@ from terra.batch.config import BatchConfig, BatchSpec, check_config, claim_outpu
 from terra.batch.plan import BatchPlan, plan_batch, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
 from terra.batch.stream import run_items
-from terra.contract.routes import route_summary
 from terra.config.checks import shown
 from terra.config.manifest import Manifest, count_statuses
 from terra.config.spec import redone_line
+from terra.contract.routes import route_summary
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
 from terra.generation.resolve import check_model
