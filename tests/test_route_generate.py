@@ -96,7 +96,7 @@ def test_a_road_that_ends_ahead_is_said_per_frame_and_in_one_line(models, tmp_pa
     record = json.loads(sidecar.read_text())["rollouts"][0]
     assert record["route"] is True and record["route_told"] == ["told"] * 3 + ["road ended"] * 2
     assert record["ego_routes"][3:] == [None, None]
-    assert "terra-generate: 3 of 5 frames told a route (2 road ended)" in capsys.readouterr().out
+    assert "terra-generate: route told in 3 of 5 frames: 2 road ended" in capsys.readouterr().out
 
 
 def test_road_path_or_inline_tells_every_frame_its_route_and_a_bad_one_stops_before_any_model(models, tmp_path,
@@ -121,3 +121,27 @@ def test_road_path_or_inline_tells_every_frame_its_route_and_a_bad_one_stops_bef
     assert time.perf_counter() - start < 3.0 and not loads
     assert "no frame's pose lies on a lane" in str(err.value) and "the nearest lane is 5.0 m away, heading 90 " \
         "degrees off the car's" in str(err.value), str(err.value)
+
+
+def test_a_bad_road_beside_context_frames_stops_before_the_tokenizer_or_the_frames_load(models, tmp_path,
+                                                                                        monkeypatch):
+    """``context=`` frames of the user's own: a road off the drive is still one line before anything loads; a good
+    one tells every frame its route."""
+    from PIL import Image
+
+    context = tmp_path / "frames"
+    context.mkdir()
+    for t in range(3):
+        Image.new("RGB", (64, 64), (90, 90, 90 + t)).save(context / f"{t}.png")
+    [request] = run_generate(models, "route_model", None, tmp_path / "good", monkeypatch, f"context={context}",
+                             "manoeuvre=straight", "road='[[-20, 0], [200, 0]]'")
+    assert np.isfinite(request.routes).all()
+    loads = []
+    monkeypatch.setattr("terra.tokenizer.load_tokenizer", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr("terra.inputs.load_context", lambda *a, **k: loads.append(a))
+    start = time.perf_counter()
+    with pytest.raises(TerraInputError) as err:
+        run_generate(models, "route_model", None, tmp_path / "bad", monkeypatch, f"context={context}",
+                     "manoeuvre=straight", "road='[[5, -20], [5, 200]]'")
+    assert time.perf_counter() - start < 3.0 and not loads
+    assert "the nearest lane is 5.0 m away, heading 90 degrees off the car's" in str(err.value), str(err.value)

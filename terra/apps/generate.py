@@ -7,6 +7,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import hydra
 import numpy as np
@@ -18,11 +19,11 @@ from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, check_w
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
 from terra.config.spec import RunSpec, run_spec
-from terra.contract.routes import TOLD
+from terra.contract.routes import route_summary
 from terra.core.errors import TerraInputError, clipped
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.actions import check_input_files
-from terra.inputs.routes import road_of_setting
+from terra.inputs.routes import GivenRoutes, road_of_setting
 from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES, check_manoeuvre_params
 
 APP = "terra-generate"
@@ -79,6 +80,18 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
                         plain(cfg))
 
 
+def check_road_drive(drive: Any, num_context: int, num_frames: int, route_tokens: int,
+                     beside: GivenRoutes) -> None:
+    """Refuse a road that tells no frame of ``drive`` a route, whether the context frames still to load are 1 or
+    ``num_context`` (one line; a drive that fits only fewer context frames is checked once they are read)."""
+    from terra.inputs import trajectory_inputs
+
+    try:
+        trajectory_inputs(drive, num_context, num_frames, route_tokens, beside=beside)
+    except TerraInputError:
+        trajectory_inputs(drive, 1, num_frames, route_tokens, beside=beside)
+
+
 def run(spec: GenerateSpec, out_dir: Path) -> dict:
     """Generate the rollouts of a checked :class:`GenerateSpec`, write them under ``out_dir`` and return the summary."""
     t_start = time.perf_counter()
@@ -111,6 +124,8 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     named_drive = spec.trajectory or f"road={clipped(spec.road)}"
     if drive is not None and spec.context is None:  # read once, its routes checked, before the tokenizer loads
         given = trajectory_inputs(drive, num_context, num_frames, run.model.num_route_tokens, beside=beside)
+    elif beside is not None:  # the road checked before the tokenizer and the context frames load
+        check_road_drive(drive, num_context, num_frames, run.model.num_route_tokens, beside)
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     if spec.context is not None:
@@ -121,10 +136,9 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
         actions, routes, route_source, route_told = given.actions, given.routes, given.route_source, given.route_told
         if given.unused_routes:
             print(f"terra-generate: {named_drive} carries routes; {UNUSED_ROUTES}", file=sys.stderr, flush=True)
-        if route_told is not None and route_told.count(TOLD) < len(route_told):
-            print(f"terra-generate: {route_told.count(TOLD)} of {len(route_told)} frames told a route "
-                  f"({', '.join(f'{route_told.count(v)} {v}' for v in dict.fromkeys(route_told) if v != TOLD)})",
-                  flush=True)
+        summary = None if route_told is None else route_summary(route_told)
+        if summary is not None:
+            print(f"terra-generate: {summary}", flush=True)
     if spec.context is None:  # the built-in scene driven by the manoeuvre (of the file: as manoeuvre= drives it)
         named = given is None or given.manoeuvre is not None
         manoeuvre = spec.manoeuvre if given is None else given.manoeuvre.name if named else "straight"

@@ -25,6 +25,8 @@ def _main(cfg: DictConfig) -> None:
 
         result = run_locked(spec)
     print(f"{PROG}: {result.summary_line()}")
+    if result.route_line() is not None:
+        print(f"{PROG}: {result.route_line()}")
     if result.decoding is not None:
         decoding, stats = result.decoding
         print(f"{PROG}: {decoding} decoding: {stats.line()}")

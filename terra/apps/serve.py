@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Mapping
 
 import hydra
 from omegaconf import DictConfig
@@ -16,6 +16,7 @@ from terra.core.errors import TerraInputError
 from terra.serve.settings import ServeSettings
 
 if TYPE_CHECKING:
+    from terra.roads import Road
     from terra.serve.service import SessionService
 
 
@@ -55,7 +56,7 @@ def bind(settings: ServeSettings) -> socket.socket:
     return sock
 
 
-def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
+def load_service(spec: RunSpec, settings: ServeSettings, roads: Mapping[str, Road]) -> SessionService:
     """(1) the run made concrete and its pipeline, (2) the session service."""
     # torch, Transformers, FastAPI and uvicorn load only once the settings are known to be good
     from terra.pipeline import WorldModelPipeline
@@ -68,7 +69,7 @@ def load_service(spec: RunSpec, settings: ServeSettings) -> SessionService:
     spec = run.spec
     pipeline = WorldModelPipeline.from_run(run)
     host = SessionHost(pipeline, spec.sampling, max_frames=settings.max_frames, overlap=spec.overlap,
-                       num_context=spec.num_context, resize=spec.resize)
+                       num_context=spec.num_context, resize=spec.resize, roads=roads)
     return SessionService(host, settings)
 
 
@@ -97,8 +98,11 @@ def _main(cfg: DictConfig) -> None:
     check_added_settings("terra-serve", allowed=("backend.options.",), cfg=cfg)
     settings = ServeSettings.from_mapping(select(cfg, "serve"))
     spec = run_spec(cfg)
+    from terra.session.context import named_roads
+
+    roads = named_roads(settings.roads)  # every road file read and checked before the model loads
     with bind(settings) as sock:  # before the model loads: a port in use is one line at once
-        serve(load_service(spec, settings), sock)
+        serve(load_service(spec, settings, roads), sock)
 
 
 main = console_script(_main, "terra-serve", extras=("serve",))

@@ -18,6 +18,7 @@ from terra.batch.stream import run_items
 from terra.config.checks import shown
 from terra.config.manifest import Manifest, count_statuses
 from terra.config.spec import redone_line
+from terra.contract.routes import route_summary
 from terra.core.atomic import json_text, mark, write_text
 from terra.core.device import set_threads
 from terra.generation.resolve import check_model
@@ -71,6 +72,12 @@ class BatchResult:
             return None
         return ("+".join(sorted({b["decoding"] for b in blocks})),
                 sum((PassStats.from_dict(b) for b in blocks), PassStats()))
+
+    def route_line(self) -> str | None:
+        """How many frames of the samples run now that gave routes were told one, and why the others not; None: all
+        were, or no sample gave routes."""
+        verdicts = [v for record in self.records for v in record.get("route_told") or ()]
+        return route_summary(verdicts) if verdicts else None
 
     def summary_line(self) -> str:
         c = self.counts

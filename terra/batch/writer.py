@@ -48,9 +48,11 @@ class SampleWriter:
             self.emit(sample_record(item.sample, "failed", error=sample_error(err), stage="write", seed=item.seed,
                                     seconds=time.perf_counter() - prepared.started))
             return
+        told = {} if prepared.route_source is None else {  # each frame's verdict, where the sample gave routes
+            "route_told": routes_said(prepared, len(prepared.request.context) + len(generated))["route_told"]}
         self.emit(sample_record(item.sample, "ok", seconds=time.perf_counter() - prepared.started, seed=item.seed,
                                 files=files, generate_s=round(generate_s, 3), generated_at=round(generated_at, 3),
-                                decoding=stats.as_dict(self.sampling)))
+                                decoding=stats.as_dict(self.sampling), **told))
 
     def write(self, prepared: PreparedSample, generated: np.ndarray, generate_s: float,
               stats: PassStats) -> list[str]:
@@ -82,7 +84,7 @@ class SampleWriter:
             sample_id=sample.sample_id, label=sample.record.get("label"),
             source={"file": sample.file, "line": sample.line, "format": sample.kind},
             context=prepared.context, num_context=prepared.num_context, num_generated=int(len(generated)),
-            **route_record(routes, prepared.route_source, len(codes), prepared.route_told),  # told, whence
+            **routes_said(prepared, len(codes)),  # told, whence
             files=files, decoding=stats.as_dict(self.sampling),
             engine_options=pipeline.engine_options,  # as the engine ran
             batch={"version": SIDECAR_VERSION, "fingerprint": item.fingerprint,
@@ -94,3 +96,8 @@ class SampleWriter:
     def close(self) -> None:
         """Wait for every submitted write."""
         self.pool.shutdown(wait=True)
+
+
+def routes_said(prepared: PreparedSample, frames: int) -> dict:
+    """What the sidecar says of ``prepared``'s routes over its ``frames`` frames (:func:`route_record`)."""
+    return route_record(prepared.request.routes, prepared.route_source, frames, prepared.route_told)

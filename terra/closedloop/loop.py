@@ -95,8 +95,8 @@ class Drive:
     # pose, taken as the drive ends: its measurement renders the rest
     route_source: str | None = None  # where the world model's routes come from (None: it is told none), from the
     # world's route_source when it has one
-    routed: list[bool] | None = None  # each step: whether the model was told a route (its world's routed_steps,
-    # taken as the drive ends; None: a world that tells no route)
+    route_told: list[str] | None = None  # each step: TOLD, or why the model was told no route (its world's
+    # route_told, taken as the drive ends; None: a world that tells no route)
 
     @property
     def ok(self) -> bool:
@@ -278,12 +278,12 @@ def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float 
     calls = []
     references = getattr(world, "reference_frames", None)
     truths = getattr(world, "true_renders", None)
-    routed = getattr(world, "routed_steps", None)
+    route_told = getattr(world, "route_told", None)
     for drive in drives:
         try:
             if drive.handle is not None:
-                if routed is not None:
-                    drive.routed = routed(drive.handle)
+                if route_told is not None:
+                    drive.route_told = route_told(drive.handle)
                 if references is not None and drive.ok:
                     drive.references = references(drive.handle)
                 if truths is not None and drive.ok:

@@ -12,17 +12,19 @@ from terra.closedloop.car.vehicle import EGO_LENGTH_M
 from terra.config.checks import one_line
 from terra.core.errors import TerraInputError, past
 from terra.contract.actions import FRAME_RATE_HZ, MAX_ACTION_M, MAX_SPEED_MPS
+from terra.contract.routes import NO_LANE_NEAR
 from terra.inputs.ego_motion import speed_of, to_ego
 from terra.inputs.routes import ROUTE_KEYS
 from terra.inputs.samples import Sample, read_samples
 from terra.inputs.trajectory import MAX_COORDINATE_M, EgoTrajectory
-from terra.roads import Road, routes_along
+from terra.roads import Road, routes_along, told_route_at
 from terra.sim.clips import FUTURE_S, clip_from_trajectory
 from terra.sim.renderer import FAR_M
 from terra.sim.scene import Scene
 
 ROUTE_AHEAD_M = 60.0  # route points ahead of the car
 ROUTE_STEP_M = 2.0
+VERDICT_ROUTE_POINTS = 2  # a road's verdict at a pose does not depend on how many points its route has
 COMMAND_TURN_M = 2.0  # the route 20 m ahead this far to a side is a turn
 SCENE_LENGTH_M = 600.0
 ROAD_SAMPLE_M = 0.5  # where no segment's perpendicular reaches a car, its nearest centreline point this finely
@@ -46,6 +48,7 @@ class Scenario:
     path: np.ndarray | None = None  # [M, 2] a recorded world path ahead (driving logs), used as the route
     road: Road | None = None  # a road read from a map: the model world's
     # routes come from it instead of the scene
+    road_source: str = "clipgt map"  # where ``road`` was read from, as a drive's record says
     source: str = ""
     reads: Reads = ()  # the files and folders it was read from (outputs stay apart from them)
 
@@ -63,8 +66,8 @@ class Scenario:
 
     @property
     def route_source(self) -> str | None:
-        """Where :meth:`model_routes` reads from, as a drive's record says: ``clipgt map``, ``scene`` or None."""
-        return "clipgt map" if self.road is not None else "scene" if self.scene is not None else None
+        """Where :meth:`model_routes` reads from, as a drive's record says: ``road_source``, ``scene`` or None."""
+        return self.road_source if self.road is not None else "scene" if self.scene is not None else None
 
     def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray | None:
         """The world model's routes at world ``poses`` ``[..., 3]``."""
@@ -73,6 +76,10 @@ class Scenario:
             routes = routes_along(self.road, poses.reshape(-1, 3), route_tokens)
             return routes.reshape(poses.shape[:-1] + routes.shape[1:])
         return None if self.scene is None else self.scene.route(poses, route_tokens)
+
+    def why_no_route(self, pose: np.ndarray) -> str:
+        """Why :meth:`model_routes` at world ``pose`` tells no route: ``NO_LANE_NEAR`` or ``ROAD_ENDED``."""
+        return NO_LANE_NEAR if self.road is None else told_route_at(self.road, pose, VERDICT_ROUTE_POINTS)[1]
 
     def left_scene(self, pose: np.ndarray) -> str | None:
         """Why a car at world ``pose`` has left the scenario's scene; None while in it or when the scene is unknown."""
@@ -166,6 +173,7 @@ class ScenarioSource:
     samples: tuple[Sample, ...] = ()  # a JSONL of samples: the sample of each scenario
     image_root: str | None = None  # a batch JSONL: where relative context paths start (None: the JSONL's folder)
     roads: tuple[Road, ...] = ()  # per scenario, a road read from a map that the model world's routes come from
+    road_source: str = ""  # where ``roads`` were read from: ``clipgt map`` (a folder of maps) or a road file's name
 
     @property
     def inputs(self) -> Reads:
@@ -185,7 +193,8 @@ class ScenarioSource:
                                        self.reads[i]) for i in chosen]
         if not self.roads:
             return loaded
-        return [replace(s, road=self.roads[i], reads=self.reads[i]) for i, s in zip(chosen, loaded)]
+        return [replace(s, road=self.roads[i], road_source=self.road_source, reads=self.reads[i])
+                for i, s in zip(chosen, loaded)]
 
 
 def scenario_source(scenarios: str | Path, num_scenarios: int = 4, seed: int = 0,

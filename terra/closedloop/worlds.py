@@ -10,6 +10,7 @@ import numpy as np
 
 from terra.closedloop.scenarios import Scenario
 from terra.config.sampling import SamplingConfig
+from terra.contract.routes import NO_LANE_NEAR, NONE_GIVEN, TOLD
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import DEFAULT_OVERLAP, WorldModelBackend
 from terra.generation.session_engine import Rollout, SessionEngine
@@ -41,6 +42,16 @@ class Road(Protocol):
     def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray | None: ...
 
 
+def route_verdict(road: Road, pose: np.ndarray, routes: np.ndarray | None) -> str:
+    """``TOLD``, or why ``routes`` at world ``pose`` tell none (the road's own reason where it gives one)."""
+    if routes is None:
+        return NONE_GIVEN
+    if np.isfinite(routes).all():
+        return TOLD
+    why = getattr(road, "why_no_route", None)
+    return NO_LANE_NEAR if why is None else why(pose)
+
+
 WORLD_METHODS = ("open", "context_frames", "step", "close")  # what any World must have (name, counters: optional)
 
 
@@ -62,7 +73,7 @@ class ModelDrive:
     keeps_references: bool = False  # its true frames kept, its scene known (ModelWorld.references)
     references: list[np.ndarray] = field(default_factory=list)  # the true frames through the tokenizer, step by step
     truths: dict[bytes, np.ndarray] = field(default_factory=dict)  # the true frames themselves, by pose (pose_key)
-    routed: list[bool] = field(default_factory=list)  # each step: whether the model was told a route (a finite one)
+    route_told: list[str] = field(default_factory=list)  # each step: TOLD, or why the model was told no route
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n + generated, h, w]``, context first."""
@@ -110,9 +121,9 @@ class ModelWorld:
         """Where ``drive``'s routes come from (None: a model without route slots, or a road that tells none)."""
         return drive.road.route_source if self.backend.layout.route_model else None
 
-    def routed_steps(self, drive: ModelDrive) -> list[bool] | None:
-        """Whether each step of ``drive`` was told a route, by content (None: a model without route slots)."""
-        return list(drive.routed) if self.backend.layout.route_model else None
+    def route_told(self, drive: ModelDrive) -> list[str] | None:
+        """Each step of ``drive``'s verdict: ``TOLD`` or why not, by content (None: a model without route slots)."""
+        return list(drive.route_told) if self.backend.layout.route_model else None
 
     def reference_frames(self, drive: ModelDrive) -> np.ndarray | None:
         """The true scene at the drive's poses through this world's tokenizer (None: no references kept)."""
@@ -132,8 +143,8 @@ class ModelWorld:
         """The model's next frames, conditioned on the actions and, with route slots, the road ahead."""
         start = time.perf_counter()
         told = [self.routes(drive.road, pose) for drive, pose in zip(drives, poses)]
-        for drive, routes in zip(drives, told):
-            drive.routed.append(routes is not None and bool(np.isfinite(routes).all()))
+        for drive, pose, routes in zip(drives, poses, told):
+            drive.route_told.append(route_verdict(drive.road, pose, routes))
         futures = [self.engine.step(drive.rollout, action, drive.sampling, routes)
                    for drive, action, routes in zip(drives, actions, told)]
         results: list[Any] = []

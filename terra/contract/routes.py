@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -14,8 +14,19 @@ ROUTE_POINT_VALUES = 3  # [x, y, s]; a route slot holds [y, x, s], the width of 
 MAX_ROUTE_M = 1000.0  # |y|, |x| of a route point: a sanity bound (a car that left the road far behind still has one)
 # car's distance from the road, which the bound leaves room for
 NO_ROUTE_SLOTS = "the world model has no route slots (num_route_tokens 0)"
-TOLD, NO_LANE_NEAR, ROAD_ENDED, NONE_GIVEN = "told", "no lane near", "road ended", "none given"  # a frame's route
+MAX_LANE_DISTANCE_M = 4.0  # a car farther than this from every lane's centreline is on no lane of the road
+TOLD, NO_LANE_NEAR, ROAD_ENDED, NONE_GIVEN = ("told", f"no lane within {MAX_LANE_DISTANCE_M:g} m", "road ended",
+                                              "none given")  # a frame's route: told, or why not
 ROUTE_VERDICTS = (TOLD, NO_LANE_NEAR, ROAD_ENDED, NONE_GIVEN)
+
+
+def route_summary(verdicts: Sequence[str]) -> str | None:
+    """One line on how many of ``verdicts`` (one a frame) were told a route and why the others not; None: all
+    were."""
+    if verdicts.count(TOLD) == len(verdicts):
+        return None
+    why = ", ".join(f"{verdicts.count(v)} {v}" for v in dict.fromkeys(verdicts) if v != TOLD)
+    return f"route told in {verdicts.count(TOLD)} of {len(verdicts)} frames: {why}"
 
 
 def route_distances(points: int) -> np.ndarray:
@@ -115,7 +126,7 @@ def _distances_text(points: int) -> str:
     return ", ".join(f"{d:g}" for d in route_distances(points))
 
 
-__all__ = ["MAX_ROUTE_M", "NONE_GIVEN", "NO_LANE_NEAR", "NO_ROUTE_SLOTS", "ROAD_ENDED", "ROUTE_HORIZON_M",
-           "ROUTE_POINT_VALUES", "ROUTE_VERDICTS", "TOLD", "check_ahead", "check_route_shape", "no_route",
-           "resample_routes", "route_distances", "route_slot_values", "routes_from_xy", "slot_routes",
-           "validate_routes"]
+__all__ = ["MAX_LANE_DISTANCE_M", "MAX_ROUTE_M", "NONE_GIVEN", "NO_LANE_NEAR", "NO_ROUTE_SLOTS", "ROAD_ENDED",
+           "ROUTE_HORIZON_M", "ROUTE_POINT_VALUES", "ROUTE_VERDICTS", "TOLD", "check_ahead", "check_route_shape",
+           "no_route", "resample_routes", "route_distances", "route_slot_values", "route_summary", "routes_from_xy",
+           "slot_routes", "validate_routes"]

@@ -83,20 +83,29 @@ def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: in
     """Routes ``[frames, K, 3]`` along ``road`` at ``motion``'s 10 Hz poses, and which frames were told their route."""
     times = motion.t[0] + np.arange(frames) / FRAME_RATE_HZ
     later = motion.t > times[-1]
-    routes, told = told_routes_along(road, motion.poses_at(times), route_tokens,
-                                     np.stack([motion.x[later], motion.y[later]], -1))
+    return told_road_routes(road, motion.poses_at(times), route_tokens, source,
+                            np.stack([motion.x[later], motion.y[later]], -1))
+
+
+def told_road_routes(road: Road, poses: np.ndarray, route_tokens: int, source: str, ahead: np.ndarray | None = None,
+                     frame: str = "the trajectory's world frame") -> tuple[np.ndarray, list[str]]:
+    """Routes ``[T, K, 3]`` along ``road`` at world ``poses`` ``[T, 3]`` and each frame's verdict; one line when no
+    frame gets a route (``frame`` names the frame the road must be given in)."""
+    routes, told = told_routes_along(road, poses, route_tokens, ahead)
+    start = len(poses) == 1  # the car at the start (a session's, a drive's), not a drive's frames
     if ROAD_ENDED in told and TOLD not in told:
-        raise TerraInputError(f"{source}: the road ends within {MIN_ROAD_AHEAD_M:g} m ahead of every frame that lies "
-                              "on a lane, so no frame has a route; give the road ahead of the drive")
+        where, which = ("the car", "it has") if start else ("every frame that lies on a lane", "no frame has")
+        raise TerraInputError(f"{source}: the road ends within {MIN_ROAD_AHEAD_M:g} m ahead of {where}, so {which} "
+                              "no route; give the road ahead of the drive")
     if TOLD not in told:
-        distance, turn = nearest_lane(road, motion.poses_at(times[:1])[0]) or (np.inf, 0.0)
-        raise TerraInputError(f"{source}: no frame's pose lies on a lane of the road (within "
-                              f"{MAX_LANE_DISTANCE_M:g} m of a centreline, heading within "
-                              f"{np.degrees(MAX_HEADING_RAD):.0f} degrees of it): at frame 0 the nearest lane is "
-                              f"{distance:.1f} m away, heading {turn:.0f} degrees off the car's; give the road in the "
-                              "trajectory's world frame: [x, y] in metres, x first, each lane in its driving direction")
+        distance, turn = nearest_lane(road, poses[0]) or (np.inf, 0.0)
+        who, at = ("the car does not lie", "") if start else ("no frame's pose lies", "at frame 0 ")
+        raise TerraInputError(f"{source}: {who} on a lane of the road (within {MAX_LANE_DISTANCE_M:g} m of a "
+                              f"centreline, heading within {np.degrees(MAX_HEADING_RAD):.0f} degrees of it): {at}the "
+                              f"nearest lane is {distance:.1f} m away, heading {turn:.0f} degrees off the car's; give "
+                              f"the road in {frame}: [x, y] in metres, x first, each lane in its driving direction")
     return routes, told
 
 
 __all__ = ["EGO_ROUTES", "GivenRoutes", "ROAD", "ROUTE_HINTS", "ROUTE_KEYS", "given_routes", "road_of_setting",
-           "road_routes"]
+           "road_routes", "told_road_routes"]

@@ -6,12 +6,11 @@ from itertools import islice
 
 import numpy as np
 
-from terra.contract.routes import (NO_LANE_NEAR, ROAD_ENDED, ROUTE_HORIZON_M, TOLD, no_route, route_distances,
-                                   routes_from_xy)
+from terra.contract.routes import (MAX_LANE_DISTANCE_M, NO_LANE_NEAR, ROAD_ENDED, ROUTE_HORIZON_M, TOLD, no_route,
+                                   route_distances, routes_from_xy)
 from terra.core.errors import TerraInputError
 from terra.roads.road import MAX_COORDINATE_M, Road
 
-MAX_LANE_DISTANCE_M = 4.0  # a car farther than this from every lane's centreline is on no lane of the road
 MAX_HEADING_RAD = np.radians(60.0)  # a lane heading farther than this from the car's is not the car's lane
 AHEAD_MARGIN_M = 0.25  # a branch is the one the known poses take when it is this much nearer them than the others
 LANE_TIE_M = 1.0  # lanes this close to as near the car as its nearest are told apart by the known poses

@@ -15,15 +15,17 @@ import numpy as np
 
 from terra.config.checks import shown
 from terra.config.sampling import SamplingConfig
+from terra.contract.routes import TOLD
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import encode_image
 from terra.serve.media import decode_upload
 from terra.serve.settings import ServeSettings
 from terra.session import Frame, Session, SessionHost
+from terra.session.context import OWN_ROAD
 
 log = logging.getLogger("terra.serve")
 CONTEXT_KINDS = ("builtin", "images", "codes")
-SPEC_KEYS = {"context", "seed", "sampling", "num_context", "max_frames"}
+SPEC_KEYS = {"context", "seed", "sampling", "num_context", "max_frames", "road"}
 MAX_WAITING_STEPS = 8  # HTTP steps queued on one session before 429
 
 
@@ -52,8 +54,9 @@ class Entry:
         session = self.session
         return {
             "id": session.id, "context": session.context.source, "num_context": session.num_context,
-            "route": session.route_source is not None and (any(session.routed) or not session.routed),
-            "route_source": session.route_source, "routed_steps": sum(session.routed),
+            "route": session.route_source is not None and (TOLD in session.route_told or not session.route_told),
+            "route_source": session.route_source, "routed_steps": session.route_told.count(TOLD),
+            "route_told": session.route_told,
             "frames": session.num_generated, "max_frames": session.max_frames,
             "seed": session.rollout.state.seed,
             "sampling": dataclasses.asdict(session.sampling), "speed_kmh": round(session.driver.speed_kmh, 2),
@@ -77,8 +80,8 @@ class SessionService:
     # ------------------------------------------------------------------ sessions
 
     async def create(self, spec: Any) -> Entry:
-        """Open a session from a JSON spec with ``context``, ``seed``, ``sampling``, ``num_context``, ``max_frames``
-        (all optional)."""
+        """Open a session from a JSON spec with ``context``, ``seed``, ``sampling``, ``num_context``, ``max_frames``,
+        ``road`` (all optional)."""
         if not isinstance(spec, dict):
             raise TerraInputError("the body must be a JSON object, e.g. {\"context\": {\"builtin\": {}}}")
         unknown = sorted(set(spec) - SPEC_KEYS)
@@ -102,12 +105,13 @@ class SessionService:
     def _open(self, spec: dict, sampling: SamplingConfig) -> Session:
         """Build the context (encoding images) and open the session; runs on the thread pool."""
         host = self.host
+        road = host.given_road(spec["road"]) if "road" in spec else OWN_ROAD  # before any image is encoded
         context = spec.get("context", {"builtin": {}})
         if not isinstance(context, dict) or len([k for k in CONTEXT_KINDS if k in context]) != 1:
             raise TerraInputError(f"context must be an object with one of {', '.join(CONTEXT_KINDS)} "
                                   f"(got {context!r:.80})")
         num_context = spec.get("num_context", host.num_context)
-        common = {"seed": spec.get("seed"), "sampling": sampling, "max_frames": spec.get("max_frames")}
+        common = {"seed": spec.get("seed"), "sampling": sampling, "max_frames": spec.get("max_frames"), "road": road}
         if "builtin" in context:
             _only(context, {"builtin"}, "context")
             builtin = context["builtin"]
@@ -180,7 +184,7 @@ class SessionService:
         header = {
             "type": "frame", "session": entry.session.id, "index": frame.index,
             "format": self.settings.image_format, "pose": [round(v, 4) for v in frame.pose],
-            "speed_kmh": round(frame.speed_kmh, 2), "passes": frame.passes,
+            "speed_kmh": round(frame.speed_kmh, 2), "passes": frame.passes, "route_told": frame.route_told,
             "path": [[round(float(x), 3), round(float(y), 3)] for y, x, _ in frame.action],
             "timings": {**{k: round(v, 4) for k, v in frame.timings.items()}, "encode_s": round(encode_s, 4),
                         "total_s": round(time.perf_counter() - started, 4)},

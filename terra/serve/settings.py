@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
@@ -72,6 +73,7 @@ class ServeSettings:
     allowed_hosts: tuple[str, ...] = ()
     allowed_origins: tuple[str, ...] = ()
     cors: bool = False
+    roads: str | None = None  # a folder of road files (.json, .csv, a clipgt .zip) a session may name
 
     def __post_init__(self) -> None:
         for name, minimum, maximum in (("port", 0, 65535), ("max_sessions", 1, 1024), ("max_frames", 1, MAX_FRAMES),
@@ -112,6 +114,9 @@ class ServeSettings:
         if self.cors and not normalised:
             raise TerraInputError("serve.cors=true sends CORS headers to serve.allowed_origins, which is empty; "
                                   "list the pages' origins, e.g. serve.allowed_origins=[http://localhost:3000]")
+        if self.roads is not None and not (isinstance(self.roads, str) and Path(self.roads).expanduser().is_dir()):
+            raise TerraInputError(f"serve.roads={shown(self.roads, 200)} is not a folder; give a folder of road files "
+                                  "(.json, .csv, a clipgt .zip) that sessions name, or leave it null")
         object.__setattr__(self, "allowed_hosts", hosts)
         object.__setattr__(self, "allowed_origins", normalised)
 

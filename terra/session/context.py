@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -13,11 +14,18 @@ import torch
 
 from terra.core.errors import TerraInputError
 from terra.contract.actions import validate_actions
+from terra.contract.routes import NO_LANE_NEAR, NONE_GIVEN, TOLD
+from terra.inputs.routes import road_of_setting, told_road_routes
 from terra.inputs.trajectory import MANOEUVRES
-from terra.inputs.ego_motion import compose, speed_of
+from terra.inputs.ego_motion import advance_pose, compose, speed_of, to_ego
+from terra.roads import Road, told_route_at
 from terra.session.driver_input import MAX_SPEED_KMH, check_number, drive_action
 from terra.sim import Scene, builtin_context, builtin_road
 from terra.tokenizer.images import load_images
+
+
+ROAD_SUFFIXES = (".json", ".csv", ".zip")  # the road files a server's roads folder holds
+OWN_ROAD = "own road"  # a session told its context's own road: the built-in world's scene, none for images and codes
 
 
 @dataclass
@@ -29,17 +37,57 @@ class SessionContext:
     source: str  # a short description for listings
     scene: Scene | None = None  # the built-in world's scene: the road a route model is told of
     poses: np.ndarray | None = None  # [n, 3] world poses of the context frames in ``scene``
+    road: Road | None = None  # a road the client gave, in the session frame (the last context frame's ego frame)
 
     @property
     def route_source(self) -> str | None:
-        """Where :meth:`routes` reads from: ``scene``, or None where the road is not known."""
-        return None if self.scene is None else "scene"
+        """Where the routes come from: ``road`` (given), ``scene``, or None where no road is known."""
+        return "road" if self.road is not None else None if self.scene is None else "scene"
 
-    def routes(self, poses: np.ndarray | None, route_tokens: int) -> np.ndarray | None:
-        """Routes ``[..., K, 3]`` at session-frame ``poses`` (None: the context frames'); None without a road."""
+    def context_routes(self, route_tokens: int) -> np.ndarray | None:
+        """The context frames' routes ``[n, K, 3]``; None without a road."""
+        if self.road is not None:
+            return told_road_routes(self.road, session_poses(self.actions), route_tokens, "road")[0]
+        return None if self.scene is None else self.scene.route(self.poses, route_tokens)
+
+    def step_route(self, pose: np.ndarray, route_tokens: int) -> tuple[np.ndarray | None, str]:
+        """The route ``[K, 3]`` at session-frame ``pose`` (None without a road) and its verdict (``TOLD`` or why
+        not)."""
+        if self.road is not None:
+            return told_route_at(self.road, pose, route_tokens)
         if self.scene is None:
-            return None
-        return self.scene.route(self.poses if poses is None else compose(self.poses[-1], poses), route_tokens)
+            return None, NONE_GIVEN
+        route = self.scene.route(compose(self.poses[-1], pose), route_tokens)
+        return route, TOLD if np.isfinite(route).all() else NO_LANE_NEAR
+
+
+def named_roads(folder: str | Path | None) -> dict[str, Road]:
+    """The road files in ``folder`` (``.json``, ``.csv``, a clipgt ``.zip``), each read and checked, by file stem."""
+    if folder is None:
+        return {}
+    roads: dict[str, Road] = {}
+    for path in sorted(Path(folder).expanduser().iterdir()):
+        if path.suffix.lower() not in ROAD_SUFFIXES or not path.is_file():
+            continue
+        if path.stem in roads:
+            raise TerraInputError(f"{path.parent}: two road files are named {path.stem!r:.60}; rename one")
+        roads[path.stem] = road_of_setting(str(path), f"road {path.name}")
+    return roads
+
+
+def with_road(context: SessionContext, road: Road | None) -> SessionContext:
+    """``context`` told ``road`` (None: no route, not even its scene's)."""
+    return replace(context, scene=None, poses=None, road=road)
+
+
+def session_poses(actions: np.ndarray) -> np.ndarray:
+    """The poses ``[n, 3]`` of the context frames that ``actions`` ``[n - 1, 6, 3]`` lead through, in the session
+    frame."""
+    poses = [(0.0, 0.0, 0.0)]
+    for action in actions:
+        poses.append(advance_pose(poses[-1], action))
+    world = np.asarray(poses)
+    return np.column_stack([to_ego(world[:, :2], world[-1]), world[:, 2] - world[-1, 2]])
 
 
 def _context_actions(actions: Any, num_context: int, speed_kmh: float) -> np.ndarray:

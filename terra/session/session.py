@@ -6,17 +6,20 @@ import secrets
 import time
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Mapping
 
 import numpy as np
 
 from terra.config.checks import MAX_FRAMES, MAX_SEED, check_whole_number
 from terra.config.sampling import SamplingConfig
-from terra.core.errors import TerraInputError
+from terra.contract.routes import NO_ROUTE_SLOTS, NONE_GIVEN
+from terra.core.errors import TerraInputError, quoted
 from terra.generation.pass_stats import PassStats
 from terra.generation.rollout import DEFAULT_OVERLAP, WorldModelBackend
 from terra.generation.session_engine import Rollout, SessionEngine, StepResult
 from terra.inputs.ego_motion import Pose, advance_pose, speed_of
+from terra.inputs.routes import road_of_setting, told_road_routes
+from terra.roads import Road
 from terra.session import context as contexts
 from terra.session.driver_input import KeyDriver, parse_action
 
@@ -31,6 +34,7 @@ class Frame:
     pose: Pose  # where the car is at this frame, in the ego frame of the last context frame
     timings: dict[str, float] = field(default_factory=dict)
     passes: int | None = None  # forward passes that generated it (sequential decoding: one per image token)
+    route_told: str = NONE_GIVEN  # TOLD, or why its step was told no route
 
     @property
     def speed_kmh(self) -> float:
@@ -51,7 +55,7 @@ class Session:
         self.queued_pose: Pose = self.pose_at(len(self.poses) - 1)  # after the last queued step: where its route is
         self.driver = KeyDriver(context.speed_kmh)
         self.created = time.time()
-        self.routed: list[bool] = []  # routed[k]: whether queued step k was told a route (a finite one)
+        self.route_told: list[str] = []  # route_told[k]: TOLD, or why queued step k was told no route
 
     @property
     def num_context(self) -> int:
@@ -75,8 +79,9 @@ class Session:
         assert action.shape == (6, 3), action.shape
         self.queued_pose = advance_pose(self.queued_pose, action)
         layout = self.host.layout
-        route = self.context.routes(np.asarray(self.queued_pose), layout.route_tokens) if layout.route_model else None
-        self.routed.append(route is not None and bool(np.isfinite(route).all()))
+        route, told = (self.context.step_route(np.asarray(self.queued_pose), layout.route_tokens)
+                       if layout.route_model else (None, NONE_GIVEN))
+        self.route_told.append(told)
         step = self.host.engine.step(self.rollout, action, self.sampling, route)
         done: Future = Future()  # resolved once the step's pose is tracked, so a frame finds it
         done.add_done_callback(lambda f: f.cancelled() and step.cancel())  # a caller's cancel reaches the engine
@@ -97,7 +102,9 @@ class Session:
         timings = {"queue_s": result.queue_s, "generate_s": result.generate_s,
                    "decode_s": time.perf_counter() - start if decode else 0.0}
         # this step's pose is tracked by now (the driver ran its callback before finishing the step)
-        return Frame(result.index, codes, rgb, result.action, self.pose_at(result.index), timings, result.passes)
+        told = self.route_told[result.index] if result.index < len(self.route_told) else NONE_GIVEN
+        return Frame(result.index, codes, rgb, result.action, self.pose_at(result.index), timings, result.passes,
+                     told)
 
     def pose_at(self, index: int) -> Pose:
         poses = self.poses
@@ -109,14 +116,14 @@ class Session:
         twin = Session(self.host, rollout, self.context, self.sampling, self.poses[: rollout.state.next_frame
                                                                                  - rollout.state.num_context])
         twin.driver.speed_kmh, twin.driver.steer = self.driver.speed_kmh, self.driver.steer
-        twin.routed = self.routed[: len(twin.poses)]
+        twin.route_told = self.route_told[: len(twin.poses)]
         return twin
 
     def reset(self) -> None:
         """Back to the context frames; the same actions then give the same frames again."""
         self.host.engine.reset(self.rollout).result()
         self.poses.clear()
-        self.routed.clear()
+        self.route_told.clear()
         self.queued_pose = self.pose_at(-1)
         self.driver = KeyDriver(self.context.speed_kmh)
 
@@ -154,6 +161,9 @@ class Session:
             pass
 
 
+SESSION_FRAME = "the session's frame (the last context frame's ego frame, x forward, y left)"
+
+
 class SessionHost:
     """Opens sessions on a :class:`~terra.pipeline.WorldModelPipeline` (or a bare backend: codes only, no decoding).
 
@@ -162,10 +172,12 @@ class SessionHost:
         overlap: window overlap.
         sampling: the default of :meth:`open`.
         resize: how context images fit the tokenizer (``crop`` or ``stretch``).
+        roads: roads a session may give by name.
     """
 
     def __init__(self, pipeline, sampling: SamplingConfig = SamplingConfig(), max_frames: int = 1000,
-                 overlap: int = DEFAULT_OVERLAP, num_context: int = 3, resize: str = "crop") -> None:
+                 overlap: int = DEFAULT_OVERLAP, num_context: int = 3, resize: str = "crop",
+                 roads: Mapping[str, Road] | None = None) -> None:
         self.pipeline = None if isinstance(pipeline, WorldModelBackend) else pipeline
         self.backend: WorldModelBackend = pipeline if self.pipeline is None else pipeline.backend
         self.sampling = sampling
@@ -173,11 +185,30 @@ class SessionHost:
         self.overlap = check_whole_number(overlap, "overlap", 1, "overlap=3", MAX_FRAMES)
         self.num_context = check_whole_number(num_context, "num_context", 1, "num_context=3", MAX_FRAMES)
         self.resize = resize  # how context images fit the tokenizer: crop | stretch
+        self.roads = dict(roads or {})
         self.engine = SessionEngine(self.backend)
 
     @property
     def layout(self):
         return self.backend.layout
+
+    def given_road(self, value: Any) -> Road | None:
+        """The road a client gives a session (None: no route): its content, checked to reach the car at the start."""
+        if value is None:
+            return None
+        if not self.layout.route_model:
+            raise TerraInputError(f"road: {NO_ROUTE_SLOTS}, so it cannot take a road; leave road out")
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            if value not in self.roads:
+                named = f"one of this server's roads ({', '.join(self.roads)}) or " if self.roads else ""
+                raise TerraInputError(f"road: {quoted(value)} is no road this server knows; give {named}the road "
+                                      "itself, [[x, y], ...] or a list of lanes (the server reads no files of its "
+                                      "clients)")
+            road = self.roads[value]
+        else:
+            road = road_of_setting(value)
+        told_road_routes(road, np.zeros((1, 3)), self.layout.route_tokens, "road", frame=SESSION_FRAME)
+        return road
 
     def _tokenizer_pipeline(self):
         if self.pipeline is None:
@@ -187,13 +218,15 @@ class SessionHost:
 
     def open(self, images: Any = None, codes: Any = None, builtin: dict | None = None, actions: Any = None,
              speed_kmh: float = 30.0, seed: int | None = None, sampling: SamplingConfig | None = None,
-             num_context: int | None = None, max_frames: int | None = None) -> Session:
+             num_context: int | None = None, max_frames: int | None = None, road: Any = contexts.OWN_ROAD) -> Session:
         """A session from ``images``, ``codes`` or the built-in world (``builtin``: manoeuvre, scene, speed_kmh;
         default).
 
         Args:
             actions: the context's own actions (default: straight at ``speed_kmh``).
             seed: fixes sampling (None: the backend picks one).
+            road: the road each step is told, in the session frame (None: no route); by default the built-in world's
+                scene, none for images and codes.
             max_frames: lowers the host's cap for this session.
         """
         if images is not None and codes is not None:
@@ -213,11 +246,13 @@ class SessionHost:
             context = contexts.from_codes(codes, pipeline.tokenizer.grid_shape, actions, speed_kmh)
         else:
             context = contexts.builtin(pipeline, num_context, **(builtin or {}))
+        if road is not contexts.OWN_ROAD:
+            context = contexts.with_road(context, road)
         return self.open_context(context, seed, sampling, max_frames)
 
     def open_context(self, context: contexts.SessionContext, seed: int | None = None,
                      sampling: SamplingConfig | None = None, max_frames: int | None = None) -> Session:
-        routes = context.routes(None, self.layout.route_tokens) if self.layout.route_model else None
+        routes = context.context_routes(self.layout.route_tokens) if self.layout.route_model else None
         rollout = self.engine.open(context.codes, context.actions, max_frames or self.max_frames, seed, self.overlap,
                                    routes)
         sampling = self.backend.as_run(sampling or self.sampling)  # auto: as the host's run chose

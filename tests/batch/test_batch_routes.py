@@ -10,6 +10,9 @@ frames, two generated frames: the file runs in seconds.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -225,3 +228,23 @@ def test_a_samples_road_may_be_a_file_beside_the_samples(inputs, tmp_path, monke
     np.testing.assert_array_equal(routes["file"], routes["inline"])
     np.testing.assert_allclose(routes["file"][..., 0], np.broadcast_to(route_distances(4), (FRAMES, 4)), atol=1e-3)
     assert records["missing"]["stage"] == "input" and "nowhere.csv: does not exist" in records["missing"]["error"]
+
+
+def test_a_road_that_ends_is_said_per_frame_in_the_manifest_and_in_one_line(inputs, tmp_path):
+    """terra-rollout run as a user runs it: a sample driving 1.2 m a frame along a road that ends 42 m ahead of its
+    first frame; frames left with under 40 m of road are told none, each sidecar and manifest record says so per
+    frame, stdout in one line."""
+    samples = inputs / f"{tmp_path.name}.jsonl"
+    samples.write_text(json.dumps({"sample_id": "short", "context": "clip/", "road": [[-20, 0], [42, 0]],
+                                   "trajectory": {"x": [1.2 * i for i in range(8)], "y": [0] * 8}}) + "\n")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "terra.apps.rollout", f"samples={samples}", f"output.dir={out}",
+                           f"model.world_model={inputs / 'route_model'}", f"tokenizer.path={inputs / 'tokenizer'}",
+                           "backend=hf", "device=cpu", "num_threads=1", f"num_frames={NUM_FRAMES}",
+                           f"num_context={NUM_CONTEXT}", "progress=false", "output.formats=[gif]"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr
+    told = ["told", "told", "road ended", "road ended", "road ended"]  # 42, 40.8, then 39.6 m of road ahead
+    [record] = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
+    assert record["route_told"] == json.loads((out / "short.json").read_text())["route_told"] == told
+    assert "terra-rollout: route told in 2 of 5 frames: 3 road ended\n" in done.stdout

@@ -91,7 +91,7 @@ def test_maps_in_another_frame_are_recorded_as_telling_no_route(tmp_path, maps):
             record = drive_json(drive, {}, "", [])
             assert (record["route"], record["route_source"], record["routed_steps"]) == (routed > 0, "clipgt map",
                                                                                           routed)
-            assert record["route_told"] == [routed > 0] * STEPS
+            assert record["route_told"] == ["told" if routed else "no lane within 4 m"] * STEPS
 
 
 def test_routes_from_exported_maps_are_the_scenes_within_5_cm(tmp_path, maps):
@@ -127,5 +127,5 @@ def test_a_missing_or_unreadable_map_is_one_line_naming_the_scenario(tmp_path, m
     with pytest.raises(TerraInputError, match=f"scenario synthetic-{SEED}-001's map .*zip") as caught:
         drive_settings_of(tmp_path / "b", "num_scenarios=2", f"scenario_seed={SEED}", f"road={partial}")
     assert "\n" not in str(caught.value)
-    with pytest.raises(TerraInputError, match="is not a folder"):
+    with pytest.raises(TerraInputError, match="is neither a road file nor a folder"):
         drive_settings_of(tmp_path / "c", "num_scenarios=2", f"road={tmp_path / 'none'}")

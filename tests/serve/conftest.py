@@ -100,7 +100,9 @@ def start_server(folder: Path, *overrides: str, token: str | None = TOKEN, timeo
 @pytest.fixture(scope="session")
 def server(tmp_path_factory) -> Server:
     """One server for the serve tests (a token is required, so every test also exercises it)."""
-    server = start_server(tmp_path_factory.mktemp("serve"), *LIMITS)
+    roads = tmp_path_factory.mktemp("roads")
+    (roads / "ahead.csv").write_text("x,y\n-10,0\n200,0\n")  # a lane through the car at the start, named "ahead"
+    server = start_server(tmp_path_factory.mktemp("serve"), *LIMITS, f"serve.roads={roads}")
     yield server
     server.stop()
 

@@ -37,12 +37,22 @@ from tests.serve.conftest import ENV, SERVE, TOKEN, start_server
     (["serve.allowed_hosts=[terra.test/page]"], "'terra.test/page' is not a host name"),
     (["serve.cors=true"], "serve.cors=true sends CORS headers to serve.allowed_origins, which is empty"),
     (["num_threads=many"], "num_threads must be auto, a whole number from 1 to 1024 or null (got 'many')"),
+    (["serve.roads=/no/such/roads"], "serve.roads='/no/such/roads' is not a folder; give a folder of road files"),
 ])
 def test_bad_settings_exit_2_with_one_line(tmp_path, overrides, message):
     result = subprocess.run([str(SERVE), *overrides], cwd=tmp_path, env=ENV, capture_output=True, text=True,
                             timeout=120)
     one_error_line(result, "terra-serve", message)
     assert list(tmp_path.iterdir()) == []  # no run folder
+
+
+def test_a_bad_road_file_in_serve_roads_is_one_line_before_the_model_loads(tmp_path):
+    roads = tmp_path / "roads"
+    roads.mkdir()
+    (roads / "ahead.json").write_text('{"road": [[0, 0], [10, "a"]]}')
+    result = subprocess.run([str(SERVE), f"serve.roads={roads}"], cwd=tmp_path, env=ENV, capture_output=True,
+                            text=True, timeout=120)
+    one_error_line(result, "terra-serve", "ahead.json: road[1][1]: must be a number (y, metres)")
 
 
 def test_token_rules():

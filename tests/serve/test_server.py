@@ -166,3 +166,48 @@ def test_uploaded_context_images(client):
     assert (info["route"], info["route_source"]) == (False, None)  # no road known: none told
     frame = client.post(f"/sessions/{info['id']}/step", json={"action": {"manoeuvre": "straight"}}).json()
     assert frame["index"] == 0 and image_of(frame["image"]).size == (256, 144)
+
+
+def test_sessions_take_a_road_and_say_per_step_whether_it_was_told(client):
+    lane = [[-10.0, 0.0], [40.5, 0.0]]  # in the session's frame: ends 40.5 m ahead of the car at the start
+    created = client.post("/sessions", json={"seed": 2, "road": lane, "max_frames": 3})
+    assert created.status_code == 201, created.text
+    info = created.json()
+    assert (info["route"], info["route_source"], info["route_told"]) == (True, "road", [])
+    first = client.post(f"/sessions/{info['id']}/step", json={"action": STRAIGHT}).json()
+    assert first["route_told"] == "road ended"  # 0.8 m on, under half the route's 80 m of road ahead
+    stepped = client.get(f"/sessions/{info['id']}").json()
+    assert (stepped["route"], stepped["routed_steps"], stepped["route_told"]) == (False, 0, ["road ended"])
+
+    long = json.dumps([{"points": [[-10, 0], [200, 0]]}])  # lanes, as a JSON text
+    told = client.post("/sessions", json={"seed": 2, "road": long, "context": {"codes": first_codes(client)}})
+    assert told.status_code == 201, told.text
+    frame = client.post(f"/sessions/{told.json()['id']}/step", json={"action": STRAIGHT}).json()
+    assert frame["route_told"] == "told"
+    assert client.get(f"/sessions/{told.json()['id']}").json()["route_told"] == ["told"]
+
+    named = client.post("/sessions", json={"seed": 2, "road": "ahead"})  # serve.roads' ahead.csv
+    assert named.status_code == 201 and named.json()["route_source"] == "road", named.text
+    assert client.post(f"/sessions/{named.json()['id']}/step", json={"action": STRAIGHT}).json()["route_told"] == "told"
+
+    none = client.post("/sessions", json={"seed": 2, "road": None}).json()  # null: no route, not the scene's
+    assert (none["route"], none["route_source"]) == (False, None)
+    assert client.post(f"/sessions/{none['id']}/step", json={"action": STRAIGHT}).json()["route_told"] == "none given"
+
+    off = ("road: the car does not lie on a lane of the road (within 4 m of a centreline, heading within 60 degrees "
+           "of it): the nearest lane is 500.0 m away, heading 0 degrees off the car's; give the road in the session's "
+           "frame")
+    for road, said in (([[500, 0], [700, 0]], off),
+                       ([[10, 0], [-200, 0]], "heading 180 degrees off the car's"),
+                       ([[-10, 0], [30, 0]], "the road ends within 40 m ahead of the car, so it has no route"),
+                       ("road.json", "'road.json' is no road this server knows; give one of this server's roads "
+                                     "(ahead) or the road itself"), ([[0, "1"]], "road[0][1]: must be a number")):
+        refused = client.post("/sessions", json={"road": road})
+        assert refused.status_code == 400 and said in refused.json()["error"], refused.text
+    assert client.post(f"/sessions/{none['id']}/step", json={"action": STRAIGHT}).status_code == 200  # still serving
+
+
+def first_codes(client) -> list:
+    """The codes of a built-in session's first frame, as context for a session of codes."""
+    sid = client.post("/sessions", json={"seed": 0, "sampling": {"temperature": 0.0}}).json()["id"]
+    return [client.post(f"/sessions/{sid}/step", json={"action": STRAIGHT, "codes": True}).json()["codes"]]

@@ -93,7 +93,9 @@ def drive(settings: DriveSettings, progress: bool | None = None) -> DriveOutcome
     try:
         result = record_run(started.runner, settings.world, settings.drive_ids, run_settings, settings.output)
         line = f"terra-drive: {result.line()}; {settings.output.path / run_settings.manifest}"
+        routes = result.route_line()
         table = run_table({settings.world: result.drives.values()})  # what it measured, per policy
-        return DriveOutcome([line, *table], 1 if result.counts["failed"] else 0)
+        return DriveOutcome([line, *([f"terra-drive: {routes}"] if routes else []), *table],
+                            1 if result.counts["failed"] else 0)
     finally:
         started.closing.close()

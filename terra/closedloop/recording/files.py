@@ -12,6 +12,7 @@ import numpy as np
 from terra.closedloop.outcomes.alpasim import alpasim_metrics
 from terra.closedloop.outcomes.frames import measure_device, measure_frames
 from terra.closedloop.loop import Drive, DriveSpec
+from terra.contract.routes import TOLD
 from terra.closedloop.outcomes.mapless import drive_metrics
 from terra.closedloop.outcomes.truth import truth_metrics
 from terra.config.checks import shown
@@ -127,8 +128,9 @@ def drive_json(drive: Drive, metrics: dict, inputs: dict[str, str], files: list[
         "status": "ok" if drive.ok else "failed",
         "stage": drive.stage, "error": drive.error, "ended": drive.ended, "warnings": drive.warnings,
         "num_context": drive.num_context, "steps": drive.steps,
-        "route": bool(drive.routed) and any(drive.routed), "route_source": drive.route_source,
-        "routed_steps": None if drive.routed is None else sum(drive.routed), "route_told": drive.routed,
+        "route": bool(drive.route_told) and TOLD in drive.route_told, "route_source": drive.route_source,
+        "routed_steps": None if drive.route_told is None else drive.route_told.count(TOLD),
+        "route_told": drive.route_told,
         "frames": len(drive.frames), "files": files, "metrics": metrics,
         "plans": [p.to_json() for p in drive.plans], "actions": np.round(np.array(drive.actions), 4).tolist(),
         "poses": np.round(np.array(drive.poses), 4).tolist(),

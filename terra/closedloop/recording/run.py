@@ -17,6 +17,7 @@ from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives
 from terra.closedloop.recording.files import claim_drive_folder, completed, drive_inputs, manifest_record
 from terra.closedloop.recording.writers import DriveWriters, Emit
 from terra.closedloop.worlds import TRUTH, World
+from terra.contract.routes import route_summary
 from terra.config.manifest import MANIFEST, Manifest, count_statuses, summary_name
 from terra.config.output_dir import OutputDir
 from terra.config.spec import redone_line
@@ -78,6 +79,12 @@ class RunResult:
                        "max": float(plans.max()) if len(plans) else None},
             "alpasim": scene_scores(self.drives.values()),
         }
+
+    def route_line(self) -> str | None:
+        """How many of its drives' steps the world model was told a route, and why the others not; None: all were,
+        or none could be (no drive's world tells routes)."""
+        verdicts = [v for content in self.drives.values() for v in content.get("route_told") or ()]
+        return route_summary(verdicts) if verdicts else None
 
     def line(self) -> str:
         """The run in one line: counts, wall time, and the world's time apart from the policies'."""

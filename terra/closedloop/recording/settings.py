@@ -150,8 +150,10 @@ def checked_run(cfg: DictConfig) -> DriveSettings:
                                 None if image_root is None else str(image_root))
     road = select(cfg, "road")
     if not isinstance(road, str) or not road:
-        raise TerraInputError(f"road must be {SCENE_ROAD} or a folder of clipgt maps (got {shown(road)})")
-    scenarios = with_maps(scenarios, road)
+        raise TerraInputError(f"road must be {SCENE_ROAD}, a road file (.json, .csv, a clipgt .zip) or a folder of "
+                              f"clipgt maps (got {shown(road)})")
+    run = run_spec(cfg)
+    scenarios = with_maps(scenarios, road, run.num_context)
     if world in ("truth", "both") and scenarios.kind != SYNTHETIC:
         raise TerraInputError(f"world={world} needs synthetic scenarios (the true world renders their scenes)")
     every = [(i, name, k) for i in range(len(scenarios.ids)) for name in policies for k in range(values["num_seeds"])]
@@ -161,7 +163,7 @@ def checked_run(cfg: DictConfig) -> DriveSettings:
         raise TerraInputError(f"estimator={estimator} holds no config.json; give the ACT-Estimator's folder")
     num_steps = DEMO_STEPS if values["num_steps"] is None else values["num_steps"]
     return DriveSettings(
-        run_spec(cfg), policies, args, scenarios, tuple(every), values["num_seeds"], world, (world,), user_worlds,
+        run, policies, args, scenarios, tuple(every), values["num_seeds"], world, (world,), user_worlds,
         vehicle, num_steps, values["seed"], timeout_s, values["max_concurrent"], values["writer_processes"],
         check_flag(select(cfg, "resume"), "resume"), check_flag(select(cfg, "progress"), "progress"), estimator, shard,
         shards, executor, ray, videos, None, road=road if road == SCENE_ROAD else str(Path(road).expanduser()))

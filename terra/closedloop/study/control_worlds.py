@@ -261,8 +261,8 @@ class ModelControlWorld:
     def route_source(self, drive) -> str | None:
         return self.model.route_source(drive)
 
-    def routed_steps(self, drive) -> list[bool] | None:
-        return self.model.routed_steps(drive)
+    def route_told(self, drive) -> list[str] | None:
+        return self.model.route_told(drive)
 
     def close(self, drive) -> None:
         self.model.close(drive)

@@ -58,6 +58,8 @@ def drive_study(settings: StudySettings, progress: bool | None = None,
     try:
         report, runs = study_run(started.runner, run_settings, folders, study, settings.within_horizon)
         lines += [f"terra-drive: {world} world: {result.line()}" for world, result in runs.items()]
+        lines += [f"terra-drive: {world} world: {result.route_line()}" for world, result in runs.items()
+                  if result.route_line()]
         out = folders.top.path
         if report is None:
             part = "" if settings.shard_worlds == "all" else f", {settings.shard_worlds} worlds"
