@@ -6,7 +6,6 @@ without a route."""
 from __future__ import annotations
 
 import json
-import time
 
 import numpy as np
 import pytest
@@ -114,11 +113,11 @@ def test_road_path_or_inline_tells_every_frame_its_route_and_a_bad_one_stops_bef
         np.testing.assert_allclose(request.routes[..., 1], 0.0, atol=1e-3)
     loads = []
     monkeypatch.setattr("terra.tokenizer.load_tokenizer", lambda *a, **k: loads.append(a))
-    start = time.perf_counter()
+    monkeypatch.setattr("terra.run.resolve_run", lambda *a, **k: loads.append(a))  # torch, the model's config
     with pytest.raises(TerraInputError) as err:
         run_generate(models, "route_model", None, tmp_path / "bad", monkeypatch, "manoeuvre=straight",
                      "road='[[5, -20], [5, 200]]'")
-    assert time.perf_counter() - start < 3.0 and not loads
+    assert not loads
     assert "no frame's pose lies on a lane" in str(err.value) and "the nearest lane is 5.0 m away, heading 90 " \
         "degrees off the car's" in str(err.value), str(err.value)
 
@@ -139,9 +138,9 @@ def test_a_bad_road_beside_context_frames_stops_before_the_tokenizer_or_the_fram
     loads = []
     monkeypatch.setattr("terra.tokenizer.load_tokenizer", lambda *a, **k: loads.append(a))
     monkeypatch.setattr("terra.inputs.load_context", lambda *a, **k: loads.append(a))
-    start = time.perf_counter()
+    monkeypatch.setattr("terra.run.resolve_run", lambda *a, **k: loads.append(a))
     with pytest.raises(TerraInputError) as err:
         run_generate(models, "route_model", None, tmp_path / "bad", monkeypatch, f"context={context}",
                      "manoeuvre=straight", "road='[[5, -20], [5, 200]]'")
-    assert time.perf_counter() - start < 3.0 and not loads
+    assert not loads
     assert "the nearest lane is 5.0 m away, heading 90 degrees off the car's" in str(err.value), str(err.value)

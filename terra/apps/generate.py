@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import sys
 import time
 from dataclasses import dataclass
@@ -23,7 +24,7 @@ from terra.contract.routes import route_summary
 from terra.core.errors import TerraInputError, clipped
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.actions import check_input_files
-from terra.inputs.routes import GivenRoutes, road_of_setting
+from terra.inputs.routes import ROAD, GivenRoutes, road_of_setting
 from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES, check_manoeuvre_params
 
 APP = "terra-generate"
@@ -92,12 +93,27 @@ def check_road_drive(drive: Any, num_context: int, num_frames: int, route_tokens
         trajectory_inputs(drive, 1, num_frames, route_tokens, beside=beside)
 
 
+def declared_route_tokens(world_model: str) -> int:
+    """The route slots the world model's ``config.json`` declares (0 where it cannot be read: the load says why)."""
+    try:
+        value = json.loads((Path(world_model) / "config.json").read_text()).get("num_route_tokens", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) and value > 0 else 0
+
+
 def run(spec: GenerateSpec, out_dir: Path) -> dict:
     """Generate the rollouts of a checked :class:`GenerateSpec`, write them under ``out_dir`` and return the summary."""
     t_start = time.perf_counter()
     # 1. the input files checked, the output names and folder: nothing read, nothing heavy imported
     check_input_files(spec.context, spec.trajectory)
     road = None if spec.road is None else road_of_setting(spec.road)  # read and checked before anything loads
+    if road is not None:
+        route_tokens = declared_route_tokens(spec.run.world_model)
+        if route_tokens:  # the road against the drive's poses, before torch loads
+            check_road_drive(spec.trajectory or {"manoeuvre": {"name": spec.manoeuvre, **spec.manoeuvre_params}},
+                             spec.run.num_context, spec.num_frames, route_tokens,
+                             GivenRoutes(ROAD, road, f"road={clipped(spec.road)}"))
     names = spec.output.names(spec.num_samples)  # planned once: claimed here, written in step 5
     output = claim_output_dir(out_dir, "output.dir", files=names.files, folders=names.folders, inputs=[
         ("context", spec.context), ("trajectory file", spec.trajectory), ("world model", spec.run.world_model),
@@ -105,7 +121,6 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
 
     from terra.generation.pass_stats import PassStats
     from terra.inputs import UNUSED_ROUTES, load_context, manoeuvre_actions, rollout_requests, trajectory_inputs
-    from terra.inputs.routes import ROAD, GivenRoutes
     from terra.outputs import write_outputs
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
@@ -124,8 +139,6 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     named_drive = spec.trajectory or f"road={clipped(spec.road)}"
     if drive is not None and spec.context is None:  # read once, its routes checked, before the tokenizer loads
         given = trajectory_inputs(drive, num_context, num_frames, run.model.num_route_tokens, beside=beside)
-    elif beside is not None:  # the road checked before the tokenizer and the context frames load
-        check_road_drive(drive, num_context, num_frames, run.model.num_route_tokens, beside)
     tokenizer = load_tokenizer(run_settings.tokenizer)
     image_size = tuple(tokenizer.image_size)
     if spec.context is not None:
