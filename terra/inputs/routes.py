@@ -10,7 +10,6 @@ from typing import Any, Mapping
 import numpy as np
 import orjson
 
-from terra.contract.actions import FRAME_RATE_HZ
 from terra.contract.routes import ROAD_ENDED, TOLD
 from terra.core.errors import TerraInputError, clipped, error_reason
 from terra.core.lazy import REMOVED_IN
@@ -86,18 +85,17 @@ def road_of_setting(value: Any, setting: str = "road") -> Road:
                           "clipgt folder) or [[x, y], ...]")
 
 
-def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int,
+def road_routes(road: Road, motion: EgoTrajectory, ticks: np.ndarray, route_tokens: int,
                 source: str) -> tuple[np.ndarray, list[str]]:
-    """Routes ``[frames, K, 3]`` along ``road`` at ``motion``'s 10 Hz poses, and which frames were told their route."""
-    times = motion.t[0] + np.arange(frames) / FRAME_RATE_HZ
-    later = motion.t > times[-1]
-    routes, told = told_routes_along(road, motion.poses_at(times), route_tokens,
+    """Routes ``[T, K, 3]`` along ``road`` at ``motion``'s poses at ``ticks``, and which frames were told theirs."""
+    later = motion.t > ticks[-1]  # the car's path beyond the frames
+    routes, told = told_routes_along(road, motion.poses_at(ticks), route_tokens,
                                      np.stack([motion.x[later], motion.y[later]], -1))
     if ROAD_ENDED in told and TOLD not in told:
         raise TerraInputError(f"{source}: the road ends within {MIN_ROAD_AHEAD_M:g} m ahead of every frame that lies "
                               "on a lane, so no frame has a route; give the road ahead of the drive")
     if TOLD not in told:
-        distance, turn = nearest_lane(road, motion.poses_at(times[:1])[0]) or (np.inf, 0.0)
+        distance, turn = nearest_lane(road, motion.poses_at(ticks[:1])[0]) or (np.inf, 0.0)
         raise TerraInputError(f"{source}: no frame's pose lies on a lane of the road (within "
                               f"{MAX_LANE_DISTANCE_M:g} m of a centreline, heading within "
                               f"{np.degrees(MAX_HEADING_RAD):.0f} degrees of it): at frame 0 the nearest lane is "
