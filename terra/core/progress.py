@@ -92,6 +92,10 @@ class Progress:
         every_s = EVERY_S if every_s is None else every_s
         self.lines = LogLines(total, desc, unit, every_s) if lines and prints_lines(enabled) else None
 
+    @property
+    def total(self) -> float | None:
+        return self.bar.total
+
     def update(self, n: float = 1) -> None:
         self.bar.update(n)
         if self.lines is not None:
