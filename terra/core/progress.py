@@ -36,8 +36,6 @@ def announce(text: str, progress: bool = True) -> None:
     if prints_lines(progress):
         print(text, flush=True)
     if shows_bars(progress):
-        from tqdm.auto import tqdm
-
         tqdm.write(text, file=sys.stderr)
 
 
