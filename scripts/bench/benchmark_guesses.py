@@ -52,7 +52,7 @@ from terra.config.sampling import GUESSES, SamplingConfig  # noqa: E402
 from terra.contract.actions import FRAME_RATE_HZ  # noqa: E402
 from terra.inputs.trajectory import MANOEUVRES as ALL_MANOEUVRES  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
-from terra.generation import guesses, hf_speculative, speculative  # noqa: E402
+from terra.generation import guesses, speculative  # noqa: E402
 from terra.generation.rollout import RolloutRequest, RolloutState  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
 from terra.sim import builtin_context  # noqa: E402
@@ -170,17 +170,17 @@ class GuessClock:
 @contextmanager
 def first_guesses_seen() -> Iterator[list[tuple[RolloutState, int, np.ndarray]]]:
     """Every speculative frame the Transformers backend starts: its rollout, index and first guesses ``[P]``."""
-    seen, original = [], hf_speculative.SpeculativeRows.add
+    seen, original = [], speculative.SpeculativeRows.add
 
-    def add(rows: hf_speculative.SpeculativeRows, state: RolloutState, sampling: SamplingConfig) -> None:
+    def add(rows: speculative.SpeculativeRows, state: RolloutState, sampling: SamplingConfig) -> None:
         original(rows, state, sampling)
         seen.append((state, state.next_frame, rows._frames[-1].frame.later.cpu().numpy()))
 
-    hf_speculative.SpeculativeRows.add = add
+    speculative.SpeculativeRows.add = add
     try:
         yield seen
     finally:
-        hf_speculative.SpeculativeRows.add = original
+        speculative.SpeculativeRows.add = original
 
 
 def guessing(source: str, clock: GuessClock, truth: dict[int, np.ndarray]):

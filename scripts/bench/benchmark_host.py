@@ -7,7 +7,7 @@ on the demo model (or ``--model``), ``--sessions`` of them in flight at once (1:
 them each poll; a run has at least N rollouts), decoded as ``terra-generate`` decodes them (``sampling.decoding``
 speculative, the rest of the sampling settings as given, the defaults otherwise), and measures on this thread's CPU
 clock (one torch thread: every kernel runs on it) the time of the whole run and, exclusive of what they call, of
-the parts a pass is made of (terra/generation/hf_speculative.py, terra/generation/speculative.py):
+the parts a pass is made of (terra/generation/speculative.py):
 
 * ``forward``: the model's forward pass (``model.forward``) but for its KV cache's writes;
 * ``kv writes``: the KV cache's writes inside the forward pass (its layers' ``update``: the Transformers
@@ -53,7 +53,7 @@ from terra.config.sampling import GUESSES, SamplingConfig  # noqa: E402
 from terra.core.atomic import write_text  # noqa: E402
 from transformers.cache_utils import DynamicLayer  # noqa: E402
 
-from terra.generation import guesses, hf_speculative, kv, speculative  # noqa: E402
+from terra.generation import guesses, kv, speculative  # noqa: E402
 from terra.generation.rollout import RolloutRequest  # noqa: E402
 from terra.inputs.trajectory import MANOEUVRES  # noqa: E402
 from terra.pipeline import WorldModelPipeline  # noqa: E402
@@ -65,7 +65,7 @@ PARTS: dict[str, list[tuple[Any, str]]] = {
     "sampling": [(speculative, "sample_image_tokens")],
     "rule": [(speculative, "accepted_guesses"), (speculative, "next_guesses")],
     "transitions": [(guesses.Transitions, "record"), (guesses.Transitions, "recall")],
-    "cache": [(hf_speculative, "crop"), (hf_speculative, "kv_cache"), (hf_speculative, "kv_tensors")],
+    "cache": [(speculative, "crop"), (speculative, "window_cache"), (speculative, "kv_tensors")],
 }
 
 

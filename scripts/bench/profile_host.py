@@ -50,7 +50,7 @@ PARTS = (
     ("gRPC", r"/grpc/|_pb2(_grpc)?\.py|/google/protobuf/"),
     ("prefix-cache hashing", r"hash_block_tokens|hash_request_tokens|block_hasher|kv_cache_utils\.py|sha256"),
     ("request building", r"frame_prompt|add_request|process_inputs|/inputs?/preprocess|input_processor"),
-    ("decoding rule (draws, acceptance)", r"/generation/(speculative|hf_speculative|sampling|guesses)\.py|"
+    ("decoding rule (draws, acceptance)", r"/generation/(speculative|sampling|guesses)\.py|"
                                           r"/vllm/jacobi_state\.py"),
     ("model execution", r"execute_model|sample_tokens|_model_forward|/torch/nn/modules/|modeling_llama|"
                         r"/worker/\w*model_runner\.py|/vllm/llama_action\.py"),

@@ -1,8 +1,9 @@
-"""One run per output folder (per shard of a batch run): an exclusive ``flock`` on a lock file inside the folder."""
+"""One run per output folder (per shard of a batch run): a ``filelock`` lock file inside the folder, naming its
+holder."""
 
 from __future__ import annotations
 
-import fcntl
+import errno
 import json
 import os
 import socket
@@ -11,8 +12,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from filelock import FileLock, Timeout
+
 from terra.core.errors import TerraInputError
 from terra.core.folders import missing_folders, remove_empty_folders
+
+NO_FLOCK = (errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL)  # a file system that cannot lock
 
 
 def lock_path(manifest_path: str | os.PathLike) -> Path:
@@ -21,45 +26,14 @@ def lock_path(manifest_path: str | os.PathLike) -> Path:
     return manifest.with_name(f".{manifest.stem}.lock")
 
 
-def _holder(fd: int) -> str:
+def _holder(path: Path) -> str:
     """``pid 12 on host h since 2026-01-01 10:00:00 UTC`` from a lock file's content (or a vaguer phrase)."""
     try:
-        info = json.loads(os.pread(fd, 4096, 0).decode("utf-8"))
+        info = json.loads(path.read_text("utf-8"))
         started = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(info["started_at"])))
         return f"pid {int(info['pid'])} on host {info['host']} since {started}"
     except (OSError, ValueError, KeyError, TypeError):
         return "a run that is starting"
-
-
-def _acquire(path: Path, setting: str) -> int:
-    """Open and lock ``path`` (created if needed, with its folder); the locked descriptor."""
-    while True:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        except FileNotFoundError:  # the folder was removed by a run that just finished: make it again
-            continue
-        except OSError as err:
-            raise TerraInputError(f"output folder {path.parent} cannot hold the run's lock file {path.name} "
-                                  f"({err.strerror}); choose another {setting}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = _holder(fd)
-            os.close(fd)
-            raise TerraInputError(f"output folder {path.parent} is in use by another run ({holder}; lock "
-                                  f"file {path.name}); wait for it to finish or choose another {setting}") from None
-        except OSError as err:
-            os.close(fd)
-            raise TerraInputError(f"output folder {path.parent} cannot be locked ({err.strerror}); choose another "
-                                  f"{setting} on a local or lock-capable file system") from None
-        try:
-            same = os.path.samestat(os.fstat(fd), os.stat(path, follow_symlinks=False))
-        except FileNotFoundError:
-            same = False
-        if same:
-            return fd
-        os.close(fd)  # the file was deleted by its previous holder after we opened it: take the new one
 
 
 def _write_holder(fd: int) -> None:
@@ -72,20 +46,43 @@ def _write_holder(fd: int) -> None:
         pass
 
 
+def _acquire(path: Path, setting: str) -> FileLock:
+    """``path`` locked (created if needed, with its folder), or one line naming the run that holds it."""
+    while True:
+        lock = FileLock(path, blocking=False, fallback_to_soft=False, on_acquired=_write_holder)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock.acquire()
+            return lock
+        except FileNotFoundError:  # the folder was removed by a run that just finished: make it again
+            continue
+        except Timeout:
+            holder = _holder(path)
+            if not path.exists():  # its holder just finished and removed it
+                continue
+            raise TerraInputError(f"output folder {path.parent} is in use by another run ({holder}; lock "
+                                  f"file {path.name}); wait for it to finish or choose another {setting}") from None
+        except OSError as err:
+            if err.errno in NO_FLOCK:
+                raise TerraInputError(f"output folder {path.parent} cannot be locked ({err.strerror}); choose "
+                                      f"another {setting} on a local or lock-capable file system") from None
+            raise TerraInputError(f"output folder {path.parent} cannot hold the run's lock file {path.name} "
+                                  f"({err.strerror}); choose another {setting}") from None
+
+
 @contextmanager
 def output_lock(manifest_path: str | os.PathLike, setting: str = "output.dir") -> Iterator[Path]:
     """Hold the lock of the run that writes ``manifest_path`` (its folder created if needed) for the block."""
     path = Path(os.path.abspath(lock_path(manifest_path)))
     created = missing_folders(path.parent)
     try:
-        fd = _acquire(path, setting)
+        lock = _acquire(path, setting)
     except BaseException:
         remove_empty_folders(created)
         raise
-    _write_holder(fd)
     try:
         yield path
     finally:
-        path.unlink(missing_ok=True)  # while still locked, so no second run locks a deleted file
-        os.close(fd)
+        path.unlink(missing_ok=True)  # while still locked: a run that opened this file gives way to a new one
+        lock.release()
         remove_empty_folders(created)

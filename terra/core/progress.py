@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
-import time
 from typing import Any, Iterable, Iterator, TypeVar
+
+from tqdm import tqdm
 
 T = TypeVar("T")
 
@@ -35,8 +36,6 @@ def announce(text: str, progress: bool = True) -> None:
     if prints_lines(progress):
         print(text, flush=True)
     if shows_bars(progress):
-        from tqdm.auto import tqdm
-
         tqdm.write(text, file=sys.stderr)
 
 
@@ -48,27 +47,57 @@ def duration(seconds: float) -> str:
     return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s" if minutes else f"{secs}s"
 
 
+class LogLines(tqdm):
+    """tqdm's count as lines in a log (stdout): none before ``delay`` s, then one at most every ``mininterval`` s,
+    and one as it ends."""
+
+    def __init__(self, total: float | None, desc: str, unit: str, every_s: float) -> None:
+        super().__init__(total=total, desc=desc, unit=unit, file=sys.stdout, mininterval=every_s, delay=every_s,
+                         miniters=0)
+        self._decr_instances(self)  # not a bar: tqdm.write and the bars never clear, redraw or make room for it
+
+    def display(self, msg: str | None = None, pos: int | None = None) -> None:
+        self.fp.write(line(self.desc, self.n, self.total, self.unit, self.format_dict["elapsed"]) + "\n")
+        self.fp.flush()
+
+    def close(self) -> None:
+        if not self.disable and self.n != self.last_print_n and self.format_dict["elapsed"] >= self.delay:
+            self.display()
+        self.sp = None  # no bar to clear
+        super().close()
+
+
+def line(desc: str, n: float, total: float | None, unit: str, elapsed: float) -> str:
+    """Done of total, the time so far and the time left at the rate so far."""
+    done = f"{n:g}" if total is None else f"{n:g}/{total:g}"
+    share = f" ({100 * n / total:.0f}%)" if total else ""
+    left = ""
+    if total and total / 20 <= n < total:  # a rate of the first few (a batch's start) misleads
+        left = f", about {duration(elapsed * (total - n) / n)} left"
+    elif total and n >= total:
+        left = ", done"
+    return f"{desc}: {done} {unit}s{share} in {duration(elapsed)}{left}"
+
+
 class Progress:
-    """A count of ``unit`` towards ``total``, named ``desc``."""
+    """A count of ``unit`` towards ``total``, named ``desc``: a bar on a terminal, lines in a log."""
 
     def __init__(self, total: float | None = None, desc: str = "", unit: str = "it", enabled: bool = True,
                  lines: bool = True, every_s: float | None = None, **bar_options: Any) -> None:
-        from tqdm.auto import tqdm
+        from tqdm.auto import tqdm as auto_tqdm
 
-        self.bar = tqdm(total=total, desc=desc, unit=unit, disable=not shows_bars(enabled), **bar_options)
-        self.desc, self.unit = desc, unit
-        self.every_s = EVERY_S if every_s is None else every_s
-        self.lines = lines and prints_lines(enabled)
-        self.total, self.n = total, 0.0
-        self.started = self.last = time.monotonic()
-        self.said: float | None = None  # the count of the last line printed
+        self.bar = auto_tqdm(total=total, desc=desc, unit=unit, disable=not shows_bars(enabled), **bar_options)
+        every_s = EVERY_S if every_s is None else every_s
+        self.lines = LogLines(total, desc, unit, every_s) if lines and prints_lines(enabled) else None
+
+    @property
+    def total(self) -> float | None:
+        return self.bar.total
 
     def update(self, n: float = 1) -> None:
-        """``n`` more done; a line when the last one is ``every_s`` old."""
-        self.n += n
         self.bar.update(n)
-        if self.lines and time.monotonic() - self.last >= self.every_s:
-            self.say()
+        if self.lines is not None:
+            self.lines.update(n)
 
     def counted(self, items: Iterable[T]) -> Iterator[T]:
         """``items`` one by one, each counted done when the next is asked for (or the items end)."""
@@ -78,36 +107,19 @@ class Progress:
 
     def set_total(self, total: float | None) -> None:
         """A new total (work that will not come any more is taken off)."""
-        self.total = self.bar.total = total
+        self.bar.total = total
         self.bar.refresh()
+        if self.lines is not None:
+            self.lines.total = total
 
     def set_postfix(self, values: dict, refresh: bool = False) -> None:
         self.bar.set_postfix(values, refresh=refresh)
 
-    def line(self) -> str:
-        """Done of total, the time so far and the time left at the rate so far."""
-        elapsed = time.monotonic() - self.started
-        done = f"{self.n:g}" if self.total is None else f"{self.n:g}/{self.total:g}"
-        share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
-        left = ""
-        if self.total and self.total / 20 <= self.n < self.total:  # a rate of the first few (a batch's start) misleads
-            left = f", about {duration(elapsed * (self.total - self.n) / self.n)} left"
-        elif self.total and self.n >= self.total:
-            left = ", done"
-        return f"{self.desc}: {done} {self.unit}s{share} in {duration(elapsed)}{left}"
-
-    def say(self) -> None:
-        """Print :meth:`line` now."""
-        print(self.line(), flush=True)
-        self.last, self.said = time.monotonic(), self.n
-
     def close(self) -> None:
         """End the bar, with a last line where lines were printed."""
         self.bar.close()
-        long = self.said is not None or time.monotonic() - self.started >= self.every_s
-        if self.lines and long and self.said != self.n:
-            self.say()
-        self.lines = False
+        if self.lines is not None:
+            self.lines.close()
 
     def __enter__(self) -> "Progress":
         return self

@@ -15,7 +15,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 from terra.config.sampling import SamplingConfig
 from terra.contract.layout import TokenLayout
 from terra.generation.decoding import backend_guesses
-from terra.generation.hf_speculative import SpeculativeRows
+from terra.generation.speculative import SpeculativeRows
 from terra.generation.kv import KV, kv_cache, kv_tensors
 from terra.generation.rollout import FrameDone, RolloutRequest, RolloutState, WorldModelBackend
 from terra.generation.sampling import gumbel_noise, sample_image_tokens

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from terra.contract.routes import ROAD_ENDED, TOLD, route_distances, routes_from_xy
+from terra.contract.routes import route_distances, routes_from_xy
 from terra.core.errors import TerraInputError
 from terra.inputs.driving_logs import ROAD_FILES, Clip
 from terra.inputs.ego_motion import to_ego
 from terra.inputs.trajectory import EgoTrajectory
-from terra.roads import Road, read_clipgt, read_road_file, told_routes_along
-from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M
+from terra.inputs.routes import road_routes
+from terra.roads import Road, read_clipgt, read_road_file
 
 ROUTE_SOURCES = ("road", "driven_path")  # the routes setting of terra-prepare-logs
 
@@ -28,7 +28,7 @@ class ClipRoutes:
         """Routes ``[T, points, 3]`` of the poses at ``ticks`` (the trajectory's clock)."""
         if self.road is None:
             return driven_path_routes(self.trajectory, ticks, points)
-        return road_routes(self.road, self.trajectory, ticks, points)
+        return road_routes(self.road, self.trajectory, ticks, points, self.road.source)[0]
 
 
 def clip_routes(clip: Clip, motion: EgoTrajectory | np.ndarray, source: str) -> ClipRoutes | None:
@@ -51,21 +51,6 @@ def clip_routes(clip: Clip, motion: EgoTrajectory | np.ndarray, source: str) -> 
     return ClipRoutes(motion, road)
 
 
-def road_routes(road: Road, trajectory: EgoTrajectory, ticks: np.ndarray, points: int) -> np.ndarray:
-    """Routes ``[T, points, 3]`` along ``road`` at the poses at ``ticks``; one line when no frame is near a lane."""
-    later = trajectory.t > ticks[-1]  # the car's path beyond the clip
-    routes, told = told_routes_along(road, trajectory.poses_at(ticks), points,
-                                     np.stack([trajectory.x[later], trajectory.y[later]], axis=-1))
-    if ROAD_ENDED in told and TOLD not in told:
-        raise TerraInputError(f"{road.source}: the road ends within {MIN_ROAD_AHEAD_M:g} m ahead of every frame of the "
-                              "clip that lies on a lane, so no frame has a route; give the road ahead of the drive")
-    if TOLD not in told:
-        raise TerraInputError(f"{road.source}: no frame of the clip has a lane within {MAX_LANE_DISTANCE_M:g} m of the "
-                              f"car heading within {np.degrees(MAX_HEADING_RAD):.0f} degrees of it; give the road in "
-                              "the world frame of the clip's trajectory (x, y in metres, x first)")
-    return routes
-
-
 def driven_path_routes(trajectory: EgoTrajectory, ticks: np.ndarray, points: int) -> np.ndarray:
     """Routes ``[T, points, 3]`` along the trajectory's own path from each pose at ``ticks``, in its ego frame."""
     xy = np.stack([trajectory.x, trajectory.y], axis=-1)
@@ -78,4 +63,4 @@ def driven_path_routes(trajectory: EgoTrajectory, ticks: np.ndarray, points: int
     return routes
 
 
-__all__ = ["ROUTE_SOURCES", "ClipRoutes", "clip_routes", "driven_path_routes", "road_routes"]
+__all__ = ["ROUTE_SOURCES", "ClipRoutes", "clip_routes", "driven_path_routes"]

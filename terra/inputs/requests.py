@@ -11,7 +11,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from terra.config.checks import shown
-from terra.contract.actions import validate_actions
+from terra.contract.actions import FRAME_RATE_HZ, validate_actions
 from terra.contract.routes import NO_ROUTE_SLOTS, TOLD, validate_routes
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
@@ -105,7 +105,8 @@ def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int
             raise TerraInputError(f"{given.source}: a road is followed along the trajectory's world poses, which a "
                                   "\"trajectory\" (x, y) or a \"manoeuvre\" has; actions and instruction_trajs are in "
                                   "each frame's own ego frame: give ego_routes instead")
-        routes, told = road_routes(given.value, world, frames, route_tokens, given.source)
+        ticks = world.t[0] + np.arange(frames) / FRAME_RATE_HZ
+        routes, told = road_routes(given.value, world, ticks, route_tokens, given.source)
     else:
         routes = validate_routes(given.value, route_tokens, given.source, ahead=True)
         if len(routes) < frames:

@@ -10,7 +10,6 @@ from typing import Any, Mapping
 import numpy as np
 import orjson
 
-from terra.contract.actions import FRAME_RATE_HZ
 from terra.contract.routes import ROAD_ENDED, TOLD
 from terra.core.errors import TerraInputError, clipped, error_reason
 from terra.inputs.trajectory import EgoTrajectory
@@ -78,12 +77,11 @@ def road_of_setting(value: Any, setting: str = "road") -> Road:
                           "clipgt folder) or [[x, y], ...]")
 
 
-def road_routes(road: Road, motion: EgoTrajectory, frames: int, route_tokens: int,
+def road_routes(road: Road, motion: EgoTrajectory, ticks: np.ndarray, route_tokens: int,
                 source: str) -> tuple[np.ndarray, list[str]]:
-    """Routes ``[frames, K, 3]`` along ``road`` at ``motion``'s 10 Hz poses, and which frames were told their route."""
-    times = motion.t[0] + np.arange(frames) / FRAME_RATE_HZ
-    later = motion.t > times[-1]
-    return told_road_routes(road, motion.poses_at(times), route_tokens, source,
+    """Routes ``[T, K, 3]`` along ``road`` at ``motion``'s poses at ``ticks``, and which frames were told theirs."""
+    later = motion.t > ticks[-1]  # the car's path beyond the frames
+    return told_road_routes(road, motion.poses_at(ticks), route_tokens, source,
                             np.stack([motion.x[later], motion.y[later]], -1))
 
 
@@ -94,9 +92,9 @@ def told_road_routes(road: Road, poses: np.ndarray, route_tokens: int, source: s
     routes, told = told_routes_along(road, poses, route_tokens, ahead)
     start = len(poses) == 1  # the car at the start (a session's, a drive's), not a drive's frames
     if ROAD_ENDED in told and TOLD not in told:
-        where, which = ("the car", "it has") if start else ("every frame that lies on a lane", "no frame has")
+        where, which = ("the car", "it has no") if start else ("every frame that lies on a lane", "no frame has a")
         raise TerraInputError(f"{source}: the road ends within {MIN_ROAD_AHEAD_M:g} m ahead of {where}, so {which} "
-                              "no route; give the road ahead of the drive")
+                              "route; give the road ahead of the drive")
     if TOLD not in told:
         distance, turn = nearest_lane(road, poses[0]) or (np.inf, 0.0)
         who, at = ("the car does not lie", "") if start else ("no frame's pose lies", "at frame 0 ")

@@ -20,8 +20,7 @@ from safetensors.torch import load_file, save_file
 
 from terra.core.errors import TerraInputError
 from terra.tokenizer import LFQTokenizer, load_tokenizer
-from terra.tokenizer.lfq import TERRA_CONFIG
-from terra.tokenizer.lfq_quantizer import ENTROPY_TEMPERATURE, bits_to_codes, entropies
+from terra.tokenizer.lfq import ENTROPY_TEMPERATURE, TERRA_CONFIG, bits_to_codes, entropies
 from terra.tokenizer.magvit2 import depth_to_space
 from tests.conftest import shared_reference
 

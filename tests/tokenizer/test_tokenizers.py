@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from terra.core.errors import TerraInputError
 from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer, load_tokenizer
-from terra.tokenizer.lfq_quantizer import bits_to_codes, codes_to_bits
+from terra.tokenizer.lfq import bits_to_codes, codes_to_bits
 
 pytestmark = pytest.mark.usefixtures("single_thread")  # conftest: one torch thread
 

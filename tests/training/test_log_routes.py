@@ -273,8 +273,10 @@ def test_every_bad_road_is_one_line_naming_the_clip_and_the_file(tmp_path):
     assert (summary.used, summary.skipped, summary.routed_frames) == (1, 6, 6)
     expected = [
         "skipped clip a-nan: road.json: road[1][1]: must be a number (y, metres), got '1' (a string)",
-        "skipped clip b-far: road.csv: no frame of the clip has a lane within 4 m of the car heading within 60 "
-        "degrees of it; give the road in the world frame of the clip's trajectory (x, y in metres, x first)",
+        "skipped clip b-far: road.csv: no frame's pose lies on a lane of the road (within 4 m of a centreline, "
+        "heading within 60 degrees of it): at frame 0 the nearest lane is 100000.0 m away, heading 0 degrees off "
+        "the car's; give the road in the trajectory's world frame: [x, y] in metres, x first, each lane in its "
+        "driving direction",
         "skipped clip c-two: holds 2 roads (road.json, road.csv); keep one of road.json, road.csv, clipgt/ and "
         "clipgt.zip",
         "skipped clip d-zip: clipgt.zip: is not a zip archive of parquet files",
@@ -353,8 +355,8 @@ def test_stacked_and_finely_split_short_lanes_are_read_quickly_and_never_lead_a_
     start = time.perf_counter()
     lines, summary = run_prepare(logs, tmp_path / "shards")
     assert time.perf_counter() - start < 30.0
-    assert lines == [f"skipped clip {name}: road.json: road: the road ends within 40 m ahead of every frame of the "
-                     "clip that lies on a lane, so no frame has a route; give the road ahead of the drive"
+    assert lines == [f"skipped clip {name}: road.json: road: the road ends within 40 m ahead of every frame that "
+                     "lies on a lane, so no frame has a route; give the road ahead of the drive"
                      for name in ("a-stacked", "b-5cm")]
     routes = shard_clips(tmp_path / "shards")["c-50cm"][1]
     np.testing.assert_allclose(routes[..., 0], np.broadcast_to(route_distances(16), (6, 16)), atol=1e-3)

@@ -2,7 +2,7 @@
 ``sampling.guesses`` names: the previous frame warped by the ego motion (through the synthetic world's front
 camera, terra/sim/camera.py) and an oracle that knows a share of each frame's true codes (a ceiling for any source
 of first guesses). They replace, for the Transformers backend, the previous frame's codes that a speculative
-frame starts from (terra/generation/hf_speculative.py)."""
+frame starts from (terra/generation/speculative.py)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from terra.contract.actions import FRAME_RATE_HZ
-from terra.generation import hf_speculative
+from terra.generation import speculative
 from terra.generation.rollout import RolloutState
 from terra.sim.camera import FrontCamera
 
@@ -25,19 +25,19 @@ CAMERA_ASPECT = 16 / 9  # the frames' width over height (the synthetic world's a
 def first_guesses(guess: Callable[[RolloutState], np.ndarray]) -> Iterator[None]:
     """Every speculative frame the Transformers backend starts takes ``guess(state)`` ``[P]`` as its guesses past
     a pass (``state``: the rollout, its next frame not yet generated)."""
-    original = hf_speculative.SpeculativeRows.add
+    original = speculative.SpeculativeRows.add
 
-    def add(rows: hf_speculative.SpeculativeRows, state: RolloutState, sampling) -> None:
+    def add(rows: speculative.SpeculativeRows, state: RolloutState, sampling) -> None:
         original(rows, state, sampling)
         frame = rows._frames[-1].frame
         frame.later = torch.as_tensor(guess(state), device=frame.later.device)
         frame.guesses = frame._later(0, frame.draft_tokens).clone()  # refilled in place
 
-    hf_speculative.SpeculativeRows.add = add
+    speculative.SpeculativeRows.add = add
     try:
         yield
     finally:
-        hf_speculative.SpeculativeRows.add = original
+        speculative.SpeculativeRows.add = original
 
 
 def warped(state: RolloutState) -> np.ndarray:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from terra.closedloop.recording.drives import DriveOutcome
-from terra.closedloop.study.report_text import scenarios_to_decide
+from terra.closedloop.study.report import scenarios_to_decide
 from terra.closedloop.study.verdict import MIN_SCENARIOS, TOO_FEW
 from terra.stats import INCONCLUSIVE, Interval
 

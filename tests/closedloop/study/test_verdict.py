@@ -246,7 +246,7 @@ def test_the_advice_names_the_gpu_preset_only_to_a_study_smaller_than_it():
     """study=gpu's own report (16 scenarios x 200 steps) is not told to run study=gpu; a shorter or smaller study is."""
     from dataclasses import replace
 
-    from terra.closedloop.study.report_text import verdict_sentence
+    from terra.closedloop.study.report import verdict_sentence
     from terra.closedloop.study.verdict import WorldVerdict
     from terra.stats import INCONCLUSIVE, Interval
 

@@ -27,7 +27,7 @@ from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.study.control_worlds import MirroredWorld, OffsetCameraWorld, control_world, shifted_left
 from terra.closedloop.study.report import run_study, world_verdict
 from terra.closedloop.study.horizons import cut_record
-from terra.closedloop.study.report_text import headline, plain, within_line
+from terra.closedloop.study.report import headline, plain, within_line
 from terra.closedloop.study.verdict import FLAGGED, PASSED, TOO_FEW, UNDECIDED
 from terra.closedloop.worlds import TrueWorld
 
