@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from terra.config.sampling import SamplingConfig
-from terra.contract.routes import resample_routes
+from terra.contract.routes import resample_routes, route_slot_values
 from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
 from terra.models import LlamaActionForCausalLM
@@ -193,7 +193,7 @@ def teacher_forced(model: LlamaActionForCausalLM, clips: TokenizedClips, val: ra
             for key, source in (("own", clip), ("other", other)):
                 ahead = routes[source, start + 1:start + window + 1]  # no route past the clip's last frame
                 ahead = np.concatenate([ahead, np.full((window - len(ahead), *ahead.shape[1:]), np.nan, np.float32)])
-                slots = torch.from_numpy(ahead.reshape(1, -1, 3))
+                slots = torch.from_numpy(route_slot_values(ahead).reshape(1, -1, 3))
                 sums[key] += float(loss(ids, acts, slots, first)[0])
             sums["none"] += float(loss(ids, acts, None, first)[0])
         for key in rows:

@@ -55,7 +55,7 @@ class Session:
         self.queued_pose: Pose = self.pose_at(len(self.poses) - 1)  # after the last queued step: where its route is
         self.driver = KeyDriver(context.speed_kmh)
         self.created = time.time()
-        self.route_told: list[str] = []  # route_told[k]: TOLD, or why queued step k was told no route
+        self.route_told: list[str] = []  # route_told[k]: TOLD, or why generated frame k was told no route
 
     @property
     def num_context(self) -> int:
@@ -81,12 +81,11 @@ class Session:
         layout = self.host.layout
         route, told = (self.context.step_route(np.asarray(self.queued_pose), layout.route_tokens)
                        if layout.route_model else (None, NONE_GIVEN))
-        self.route_told.append(told)
         step = self.host.engine.step(self.rollout, action, self.sampling, route)
         done: Future = Future()  # resolved once the step's pose is tracked, so a frame finds it
         done.add_done_callback(lambda f: f.cancelled() and step.cancel())  # a caller's cancel reaches the engine
-        pose = self.queued_pose
-        step.add_done_callback(lambda f: self._track_pose(f, done, pose))  # runs on the driver thread, in step order
+        pose = self.queued_pose  # tracked on the driver thread, in step order
+        step.add_done_callback(lambda f: self._track_pose(f, done, pose, told))
         return done
 
     def step(self, action: Any, decode: bool = True) -> Frame:
@@ -143,8 +142,8 @@ class Session:
         """Every frame so far decoded to uint8 RGB ``[T, H, W, 3]``, context first."""
         return self.host.decode(self.codes())
 
-    def _track_pose(self, step: Future, done: Future, pose: Pose) -> None:
-        """Record where a finished step leaves the car (``pose``), then resolve ``done`` with its outcome."""
+    def _track_pose(self, step: Future, done: Future, pose: Pose, told: str) -> None:
+        """Record where a finished step leaves the car (``pose``) and its route verdict, then resolve ``done``."""
         if step.cancelled():
             done.cancel()
             return
@@ -152,6 +151,8 @@ class Session:
             result = step.result()
             del self.poses[result.index:]
             self.poses.append(pose)
+            del self.route_told[result.index:]
+            self.route_told.append(told)
         try:
             if step.exception() is None:
                 done.set_result(step.result())
