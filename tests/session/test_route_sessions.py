@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from terra.config.sampling import SamplingConfig
-from terra.contract.routes import route_slot_values
+from terra.contract.routes import TOLD, route_slot_values
+from terra.core.errors import TerraInputError
 from terra.generation.backends import model_backend
 from terra.generation.rollout import RolloutRequest
 from terra.inputs.ego_motion import advance_pose, compose
@@ -55,3 +56,15 @@ def test_a_session_from_codes_has_no_route(host):
     session = host.open(codes=codes, seed=1)
     session.step([[0.0, 4.0, 0.45]] * 6, decode=False)
     assert np.isnan(session.rollout.state.route_slots).all()
+
+
+def test_a_step_that_fails_leaves_no_route_verdict_behind(host):
+    """Each frame's verdict is its own: a step past the session's last frame adds none."""
+    session = host.open(builtin={"manoeuvre": "straight", "scene": 3, "speed_kmh": 40.0}, seed=5)
+    action = np.asarray(session.context.actions[-1])
+    frames = []
+    with pytest.raises(TerraInputError, match="reached its limit"):
+        for _ in range(host.max_frames + 1):
+            frames.append(session.step(action, decode=False))
+    assert [frame.route_told for frame in frames] == session.route_told == [TOLD] * len(session.poses)
+    assert frames
