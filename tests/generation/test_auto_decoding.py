@@ -187,7 +187,7 @@ def test_every_app_sizes_the_engine_for_its_rollouts(monkeypatch, tmp_path, roll
     calls = [lambda: terra.apps.generate.run(terra.apps.generate.generate_spec(generate), tmp_path / "out"),
              lambda: open_worlds(drive_settings(drive, tmp_path / "drives")),
              lambda: load_service(run_spec(serve), ServeSettings.from_mapping(
-                 {**OmegaConf.to_container(serve.serve, resolve=True), "max_sessions": rollouts})),
+                 {**OmegaConf.to_container(serve.serve, resolve=True), "max_sessions": rollouts}), {}),
              lambda: terra.apps.alpasim.serve(*alpasim_spec(alpasim), "terra")]
     for call in calls:
         with pytest.raises(KeyboardInterrupt):
