@@ -90,7 +90,7 @@ browser: $(STAMP)
 TEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/ruff check .
-	@echo "running the tests: about 11-20 min on 2 cores; the vLLM tests first start vLLM's CPU engine, 1-5 min" \
+	@echo "running the tests: about 40 min on 2 cores; the vLLM tests first start vLLM's CPU engine, 1-5 min" \
 		"with no test finishing (benchmarks/durations.md)"
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
