@@ -108,12 +108,12 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     # 1. the input files checked, the output names and folder: nothing read, nothing heavy imported
     check_input_files(spec.context, spec.trajectory)
     road = None if spec.road is None else road_of_setting(spec.road)  # read and checked before anything loads
-    if road is not None:
-        route_tokens = declared_route_tokens(spec.run.world_model)
-        if route_tokens:  # the road against the drive's poses, before torch loads
-            check_road_drive(spec.trajectory or {"manoeuvre": {"name": spec.manoeuvre, **spec.manoeuvre_params}},
-                             spec.run.num_context, spec.num_frames, route_tokens,
-                             GivenRoutes(ROAD, road, f"road={clipped(spec.road)}"))
+    beside = None if road is None else GivenRoutes(ROAD, road, f"road={clipped(spec.road)}")
+    drive = spec.trajectory if spec.trajectory is not None or beside is None else {  # the road's poses
+        "manoeuvre": {"name": spec.manoeuvre, **spec.manoeuvre_params}}
+    route_tokens = 0 if beside is None else declared_route_tokens(spec.run.world_model)
+    if route_tokens:  # the road against the drive's poses, before torch loads
+        check_road_drive(drive, spec.run.num_context, spec.num_frames, route_tokens, beside)
     names = spec.output.names(spec.num_samples)  # planned once: claimed here, written in step 5
     output = claim_output_dir(out_dir, "output.dir", files=names.files, folders=names.folders, inputs=[
         ("context", spec.context), ("trajectory file", spec.trajectory), ("world model", spec.run.world_model),
@@ -133,9 +133,6 @@ def run(spec: GenerateSpec, out_dir: Path) -> dict:
     run_settings, refiner = run.spec, run.refiner
     num_context, num_frames = run_settings.num_context, spec.num_frames
     ground_truth = actions = routes = route_source = route_told = given = None
-    beside = None if road is None else GivenRoutes(ROAD, road, f"road={clipped(spec.road)}")
-    drive = spec.trajectory if spec.trajectory is not None or beside is None else {  # the road's poses
-        "manoeuvre": {"name": spec.manoeuvre, **spec.manoeuvre_params}}
     named_drive = spec.trajectory or f"road={clipped(spec.road)}"
     if drive is not None and spec.context is None:  # read once, its routes checked, before the tokenizer loads
         given = trajectory_inputs(drive, num_context, num_frames, run.model.num_route_tokens, beside=beside)
