@@ -10,15 +10,17 @@ import warnings
 from contextlib import contextmanager
 from collections import deque
 from pathlib import Path
-from typing import IO, Iterable, Iterator, Sequence, Union
+from typing import IO, TYPE_CHECKING, Iterable, Iterator, Sequence, Union
 
 import numpy as np
-import torch
 from PIL import Image
 
 from terra.core.errors import TerraInputError
 from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from terra.tokenizer.resize import RESIZE_MODES, fit_frame
+
+if TYPE_CHECKING:
+    import torch
 
 # 8-bit colour modes PIL converts to RGB without guessing (alpha dropped, grey replicated, palette expanded).
 RGB_COMPATIBLE_MODES = ("RGB", "RGBA", "RGBX", "L", "LA", "P", "PA", "CMYK", "YCbCr", "1")
@@ -62,6 +64,8 @@ def load_frames(
 
 def frames_to_tensor(frames: np.ndarray) -> torch.Tensor:
     """uint8 ``[N, H, W, 3]`` → float32 ``[N, 3, H, W]`` in [-1, 1]."""
+    import torch
+
     return torch.from_numpy(np.ascontiguousarray(frames)).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
 

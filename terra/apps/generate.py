@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 import sys
 import time
 from dataclasses import dataclass
@@ -16,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, remove_empty_run_dir, run_app, shielded, task
+from terra.config.files import declared_route_tokens
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, check_whole_number, plain, select
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
@@ -91,15 +91,6 @@ def check_road_drive(drive: Any, num_context: int, num_frames: int, route_tokens
         trajectory_inputs(drive, num_context, num_frames, route_tokens, beside=beside)
     except TerraInputError:
         trajectory_inputs(drive, 1, num_frames, route_tokens, beside=beside)
-
-
-def declared_route_tokens(world_model: str) -> int:
-    """The route slots the world model's ``config.json`` declares (0 where it cannot be read: the load says why)."""
-    try:
-        value = json.loads((Path(world_model) / "config.json").read_text()).get("num_route_tokens", 0)
-    except (OSError, ValueError, AttributeError):
-        return 0
-    return value if isinstance(value, int) and value > 0 else 0
 
 
 def run(spec: GenerateSpec, out_dir: Path) -> dict:

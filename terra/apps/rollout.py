@@ -21,7 +21,7 @@ def _main(cfg: DictConfig) -> None:
     check_added_settings(PROG, allowed=("backend.options.", "ray.runtime_env."), cfg=cfg)
     spec = batch_spec(cfg)  # no torch yet: a bad setting is one line in about a second
     with claim_output(spec).hold(spec.manifest_path.name):  # a second run into this folder stops here
-        from terra.batch.run import run_locked  # torch and the models
+        from terra.batch.run import run_locked  # the samples planned before torch and the models load
 
         result = run_locked(spec)
     print(f"{PROG}: {result.summary_line()}")

@@ -7,28 +7,28 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from tqdm.auto import tqdm
 
-from terra.batch.concurrency import planned_rollouts
 from terra.batch.config import BatchConfig, BatchSpec, check_config, claim_output
 from terra.batch.plan import BatchPlan, plan_batch, remove_stale_temporaries, top_names
 from terra.batch.progress import BatchProgress
-from terra.batch.stream import run_items
 from terra.config.checks import shown
+from terra.config.files import declared_route_tokens
 from terra.config.manifest import Manifest, count_statuses
 from terra.config.spec import redone_line
 from terra.contract.routes import route_summary
 from terra.core.atomic import json_text, mark, write_text
-from terra.core.device import set_threads
-from terra.generation.resolve import check_model
 from terra.generation.pass_stats import PassStats
 from terra.inputs.requests import UNUSED_ROUTES
 from terra.inputs.samples import Sample
-from terra.pipeline import WorldModelPipeline, check_compatible
-from terra.refiner import RefinerSettings, check_decoder
-from terra.run import resolve_run
-from terra.tokenizer import load_tokenizer
+
+if TYPE_CHECKING:
+    from terra.batch.execute import Execution
+    from terra.pipeline import WorldModelPipeline
+
+REFUSED = ("parse", "input")  # the stages of a sample refused before the model
 
 
 @dataclass
@@ -47,9 +47,12 @@ class BatchResult:
 
     @property
     def exit_code(self) -> int:
-        """0 when no sample failed, 1 when some did, 128 + the signal's number when a signal stopped the run."""
+        """0 when no sample failed, 2 when every sample was refused before the model (bad input), 1 when some
+        failed otherwise, 128 + the signal's number when a signal stopped the run."""
         if self.interrupted_by is not None:
             return 128 + self.interrupted_by
+        if self.records and all(r["status"] == "failed" and r["stage"] in REFUSED for r in self.records):
+            return 2
         return 1 if self.counts["failed"] else 0
 
     @property
@@ -101,38 +104,38 @@ def run_locked(config: BatchSpec, pipeline: WorldModelPipeline | None = None,
                samples: list[Sample] | None = None) -> BatchResult:
     """:func:`run_batch` for checked settings while the caller holds the output folder's lock."""
     started = time.perf_counter()
-    # the model's config read once, before the plan: routes are checked against its route slots
-    model_config = check_model(config.run) if config.executor == "ray" or pipeline is None else None
-    route_tokens = pipeline.backend.layout.route_tokens if model_config is None else model_config.num_route_tokens
+    # routes are checked against the route slots config.json declares: the plan needs no torch
+    route_tokens = (declared_route_tokens(config.run.world_model) if pipeline is None
+                    else pipeline.backend.layout.route_tokens)
     the_plan = plan_batch(config, samples, route_tokens)
-    executor = run = None
-    own = False  # whether this run built the pipeline (and closes it)
-    if config.executor == "ray":  # the actors resolve their runs on their devices, with the config read here
-        refiner = check_decoder(config.run)
-    elif pipeline is None:  # the settings fit the model even when no sample is left to run
-        streams, most = planned_rollouts(config, len(the_plan.to_run))
-        run = resolve_run(config.run, streams, model=model_config, max_rollouts=most)
-        refiner = run.refiner
-    else:  # a loaded pipeline: its device
-        set_threads(config.run.num_threads)
-        refiner = check_decoder(config.run.replace(device=pipeline.device))
-    if the_plan.to_run:
-        if config.executor == "ray":
-            set_threads(config.run.num_threads)  # the tokenizer's load here
-            check_compatible(model_config, load_tokenizer(config.run.tokenizer))  # the actors load their own
-            executor = _ray_executor(config)
-        elif pipeline is None:  # the pair is checked before any output is written
-            pipeline = WorldModelPipeline.from_run(run)
-            own = True
+    _report(the_plan)  # each refused sample's line, before the model loads
+    execution = None
+    if the_plan.to_run or the_plan.skipped or not the_plan.failed:  # every sample refused: no model to check
+        from terra.batch.execute import Execution  # torch and the models
+
+        execution = Execution.start(config, len(the_plan.to_run), pipeline)
     try:
-        return _run_planned(config, the_plan, started, pipeline, executor, refiner, model_config)
+        return _run_planned(config, the_plan, started, execution)
     finally:
-        if own:
-            pipeline.close()
+        if execution is not None:
+            execution.close()
 
 
-def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipeline: WorldModelPipeline | None,
-                 executor, refiner: RefinerSettings | None, model_config) -> BatchResult:
+def _report(the_plan: BatchPlan) -> None:
+    """One line on stderr per line refused or sample failed, and for samples carrying unused routes or redone."""
+    for record in the_plan.failed:
+        if record["stage"] == "parse":  # the error starts with "line N:"
+            tqdm.write(f"terra-rollout: {Path(record['file']).name}: {record['error']}; skipping the line",
+                       file=sys.stderr)
+        else:
+            tqdm.write(f"terra-rollout: {_describe(record)} failed: {record['error']}", file=sys.stderr)
+    if the_plan.unused_routes:
+        tqdm.write(f"terra-rollout: {the_plan.unused_routes} sample(s) carry routes; {UNUSED_ROUTES}", file=sys.stderr)
+    if the_plan.redone:
+        tqdm.write(f"terra-rollout: {redone_line(the_plan.redone, 'sample')}", file=sys.stderr)
+
+
+def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, execution: Execution | None) -> BatchResult:
     """Write the plan's records, run its samples (here or on Ray's actors), write the summary."""
     out = Path(config.output_dir)
     mark(out, {name for item in the_plan.to_run for name in top_names(item, out)})
@@ -140,15 +143,6 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
     manifest = Manifest(config.manifest_path)
     for record in the_plan.failed + the_plan.skipped:
         manifest.add(record)
-        if record["stage"] == "parse":  # the error starts with "line N:"
-            tqdm.write(f"terra-rollout: {Path(record['file']).name}: {record['error']}; skipping the line",
-                       file=sys.stderr)
-        elif record["status"] == "failed":
-            tqdm.write(f"terra-rollout: {_describe(record)} failed: {record['error']}", file=sys.stderr)
-    if the_plan.unused_routes:
-        tqdm.write(f"terra-rollout: {the_plan.unused_routes} sample(s) carry routes; {UNUSED_ROUTES}", file=sys.stderr)
-    if the_plan.redone:
-        tqdm.write(f"terra-rollout: {redone_line(the_plan.redone, 'sample')}", file=sys.stderr)
     progress = BatchProgress(the_plan.to_run, config.progress)
 
     def on_record(record: dict) -> None:
@@ -160,17 +154,12 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
     manifest.on_record = on_record
     interrupted_by = None
     try:
-        if executor is not None:
-            executor.run(the_plan.to_run, model_config, manifest.add, progress.generated)
-        elif the_plan.to_run:
-            run_items(the_plan.to_run, config, pipeline, manifest.add, None if refiner is None else refiner.load(),
-                      on_frame=progress.generated)
+        if execution is not None:
+            execution.run(the_plan.to_run, manifest.add, progress.generated)
     except KeyboardInterrupt as err:  # Ctrl-C, or SIGTERM as Interrupted
         interrupted_by = int(getattr(err, "signum", signal.SIGINT))
         raise
     finally:
-        if executor is not None:
-            executor.close()
         progress.close()
         manifest.close()
         remove_stale_temporaries(the_plan.items)  # of writes cut short (an interrupt, a killed worker)
@@ -178,14 +167,6 @@ def _run_planned(config: BatchSpec, the_plan: BatchPlan, started: float, pipelin
         result = BatchResult(manifest.records, config.manifest_path, config.summary_path, seconds, interrupted_by)
         _write_summary(config, result, the_plan)
     return result
-
-
-def _ray_executor(config: BatchSpec):
-    from terra.batch.ray_executor import RayExecutor
-
-    executor = RayExecutor(config)
-    executor.connect()
-    return executor
 
 
 def _describe(record: dict) -> str:

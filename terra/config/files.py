@@ -94,6 +94,15 @@ def checkpoint_digest(folder: str | os.PathLike) -> str:
     return content_digest(files, "checkpoint file")
 
 
+def declared_route_tokens(world_model: str | os.PathLike) -> int:
+    """The route slots the world model's ``config.json`` declares (0 where it cannot be read: the load says why)."""
+    try:
+        value = json.loads((Path(world_model) / "config.json").read_text()).get("num_route_tokens", 0)
+    except (OSError, ValueError, AttributeError):
+        return 0
+    return value if isinstance(value, int) and value > 0 else 0
+
+
 def read_input_text(path: str | os.PathLike, what: str, max_bytes: int = MAX_TRAJECTORY_BYTES) -> str:
     """A regular text file (UTF-8, with or without a byte-order mark) as a string."""
     with open_input_file(path, what, max_bytes) as fh:

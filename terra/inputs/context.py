@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 def resolve_path(path: str | os.PathLike, base: Path) -> str:

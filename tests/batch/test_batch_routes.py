@@ -248,3 +248,71 @@ def test_a_road_that_ends_is_said_per_frame_in_the_manifest_and_in_one_line(inpu
     [record] = [json.loads(line) for line in (out / "manifest.jsonl").read_text().splitlines()]
     assert record["route_told"] == json.loads((out / "short.json").read_text())["route_told"] == told
     assert "terra-rollout: route told in 2 of 5 frames: 3 road ended\n" in done.stdout
+
+
+# terra-rollout in a subprocess; its last stdout line says whether torch was imported before its first stderr line
+FIRST_LINE_PROBE = """import runpy, sys
+class Probe:
+    def __init__(self, stream):
+        self.stream, self.torch = stream, None
+    def write(self, text):
+        if self.torch is None and text.strip():
+            self.torch = 'torch' in sys.modules
+        return self.stream.write(text)
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+sys.stderr = probe = Probe(sys.stderr)
+try:
+    runpy.run_module('terra.apps.rollout', run_name='__main__', alter_sys=True)
+finally:
+    print('torch before the first line:', probe.torch, '| torch at the end:', 'torch' in sys.modules, flush=True)
+"""
+
+
+def rollout_probed(inputs: Path, samples: Path, out: Path) -> subprocess.CompletedProcess:
+    """terra-rollout on the tiny route model, run as a user runs it, under :data:`FIRST_LINE_PROBE`."""
+    return subprocess.run([sys.executable, "-c", FIRST_LINE_PROBE, f"samples={samples}", f"output.dir={out}",
+                           f"model.world_model={inputs / 'route_model'}", f"tokenizer.path={inputs / 'tokenizer'}",
+                           "backend=hf", "device=cpu", "num_threads=1", f"num_frames={NUM_FRAMES}",
+                           f"num_context={NUM_CONTEXT}", "progress=false", "output.formats=[gif]"],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+OFF_ROAD = {"sample_id": "off", "context": "clip/", "road": [[5, -20], [5, 200]],  # crosses the drive 5 m ahead
+            "trajectory": {"x": [1.2 * i for i in range(8)], "y": [0] * 8}}
+OFF_ROAD_LINE = ("terra-rollout: sample 'off' ({name} line 1) failed: sample 'off': road: no frame's pose lies on a "
+                 "lane of the road")
+
+
+def test_a_batch_whose_every_road_is_bad_exits_2_with_its_line_before_torch_loads(inputs, tmp_path):
+    """Every sample refused for its road (one off the drive, one a malformed road file): a line each, exit 2, the
+    manifest records both, and torch is never imported."""
+    (inputs / "bad_road.csv").write_text("x,q\n1,2\n")
+    samples = inputs / f"{tmp_path.name}.jsonl"
+    samples.write_text(json.dumps(OFF_ROAD) + "\n" + json.dumps({**OFF_ROAD, "sample_id": "file",
+                                                                  "road": "bad_road.csv"}) + "\n")
+    done = rollout_probed(inputs, samples, tmp_path / "out")
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith(OFF_ROAD_LINE.format(name=samples.name)), done.stderr
+    assert "the nearest lane is 5.0 m away, heading 90 degrees off the car's" in lines[0]
+    assert lines[1].startswith(f"terra-rollout: sample 'file' ({samples.name} line 2) failed: bad_road.csv: unknown "
+                               "column 'q'"), lines[1]
+    assert done.stdout.splitlines()[-1] == "torch before the first line: False | torch at the end: False", done.stdout
+    records = [json.loads(line) for line in (tmp_path / "out" / "manifest.jsonl").read_text().splitlines()]
+    assert [(r["sample_id"], r["status"], r["stage"]) for r in records] == [("off", "failed", "input"),
+                                                                           ("file", "failed", "input")]
+
+
+def test_a_bad_road_s_line_comes_before_the_model_loads_and_the_good_sample_still_runs(inputs, tmp_path):
+    samples = inputs / f"{tmp_path.name}.jsonl"
+    good = {**OFF_ROAD, "sample_id": "good", "road": [[-20, 0], [200, 0]]}
+    samples.write_text(json.dumps(OFF_ROAD) + "\n" + json.dumps(good) + "\n")
+    done = rollout_probed(inputs, samples, tmp_path / "out")
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines()[0].startswith(OFF_ROAD_LINE.format(name=samples.name)), done.stderr
+    assert done.stdout.splitlines()[-1] == "torch before the first line: False | torch at the end: True", done.stdout
+    manifest = (tmp_path / "out" / "manifest.jsonl").read_text()
+    records = {r["sample_id"]: r for r in map(json.loads, manifest.splitlines())}
+    assert records["off"]["status"] == "failed" and records["good"]["status"] == "ok", records
+    assert "terra-rollout: 1 succeeded, 1 failed, 0 skipped" in done.stdout

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -19,6 +18,7 @@ from terra.closedloop.study.rounds import Until
 from terra.closedloop.user_world import is_world_target, world_class, world_name
 from terra.closedloop.worlds import TRUTH
 from terra.config.checks import Range, check_choice, check_flag, check_settings, select
+from terra.config.files import declared_route_tokens
 from terra.config.manifest import manifest_name
 from terra.core.errors import TerraInputError
 
@@ -122,7 +122,8 @@ def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[s
     processes = _shard_processes(cfg)
     needs_gpu(preset, run.run.device, processes, run.executor)
     user_worlds = dict(run.user_worlds)
-    controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s, _route_tokens(run))
+    controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s,
+                         declared_route_tokens(run.run.world_model))
     control_scenarios, control_seeds = values["num_control_scenarios"], values["num_control_seeds"]
     for name, value, most, of in (("num_control_scenarios", control_scenarios, "num_scenarios", len(run.scenarios.ids)),
                                   ("num_control_seeds", control_seeds, "num_seeds", run.num_seeds)):
@@ -196,15 +197,6 @@ def study_shard(settings: StudySettings, shard_worlds: str, shard_index: int, nu
     drive, folders = _shard(run, whole, shard_worlds, settings.folders.top.path)
     return replace(settings, drive=drive, shard_worlds=shard_worlds, folders=folders, exploitability=False,
                    within_horizon=False, shard_processes=ShardProcesses(), overrides=())
-
-
-def _route_tokens(run: DriveSettings) -> int:
-    """The world model's route slots per frame."""
-    try:
-        value = json.loads((Path(run.run.world_model) / "config.json").read_text()).get("num_route_tokens", 0)
-    except (OSError, ValueError, AttributeError):
-        return 0
-    return value if isinstance(value, int) else 0
 
 
 def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float, route_tokens: int
