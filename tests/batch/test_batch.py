@@ -211,7 +211,8 @@ def test_shards_cover_every_line_once(tmp_path, scenes):
 def test_config_errors_raise_before_any_work(tmp_path, scenes):
     samples = tmp_path / "samples.jsonl"
     samples.write_text(actbench_line(scenes, 0) + "\n")
-    good = dict(samples=str(samples), output_dir=str(tmp_path / "out"))
+    # a sample that can run: the settings are checked against the model too (a batch of refused samples stops first)
+    good = dict(samples=str(samples), output_dir=str(tmp_path / "out"), image_root=scenes["root"], num_frames=2)
     for bad, message in [
         (dict(shard_index=2, num_shards=2), "shard_index=2"),
         (dict(max_concurrent=0), "max_concurrent"),
