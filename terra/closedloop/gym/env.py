@@ -17,7 +17,7 @@ from gymnasium.vector import AutoresetMode, VectorEnv
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array
 
 from terra.closedloop.car.motion import VEHICLES
-from terra.closedloop.car.tracking import Actuation
+from terra.closedloop.car.motion import Actuation
 from terra.closedloop.gym.spaces import (ACTION_MODES, REWARDS, action_space, checked_frame, observation,
                                          observation_space, read_action, reward_of)
 from terra.closedloop.loop import Drive, DriveSpec, close_drive, start_drive

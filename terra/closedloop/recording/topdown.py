@@ -24,7 +24,7 @@ def scenario_road(drive: Drive) -> Road | None:
     if scenario.road is not None:
         return scenario.road
     if scenario.scene is not None:
-        from terra.sim.roads import scene_road
+        from terra.sim.scene import scene_road
 
         return scene_road(scenario.scene)
     return None

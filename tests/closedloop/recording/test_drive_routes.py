@@ -23,7 +23,7 @@ from terra.config.sampling import SamplingConfig
 from terra.generation.backends import model_backend
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
-from terra.sim.roads import scene_road
+from terra.sim.scene import scene_road
 from terra.tokenizer.lfq import LFQTokenizer
 from tests.closedloop.conftest import drive_and_record
 from tests.conftest import tiny_model, tiny_route_model
