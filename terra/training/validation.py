@@ -24,7 +24,7 @@ from terra.training.data import ClipSet, TrainingData, stack_windows, validation
 from terra.training.distributed import Processes, all_sum
 from terra.training.runlog import RunLog
 from terra.training.settings import SAMPLES_DIR, TrainSpec
-from terra.training.trainee import Trainee, trained_model
+from terra.training.model import Trainee, trained_model
 
 
 @dataclass
