@@ -14,8 +14,7 @@ from tqdm.auto import tqdm
 
 from terra.closedloop.outcomes.alpasim import scene_scores
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives
-from terra.closedloop.recording.files import completed, drive_inputs, manifest_record
-from terra.closedloop.recording.writers import DriveWriters, Emit
+from terra.closedloop.recording.files import completed, drive_inputs, manifest_record, DriveWriters, Emit
 from terra.closedloop.worlds import TRUTH, World
 from terra.contract.routes import route_summary
 from terra.config.manifest import MANIFEST, Manifest, count_statuses, summary_name

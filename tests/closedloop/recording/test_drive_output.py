@@ -21,9 +21,8 @@ from terra.closedloop.study.control_worlds import control_world
 from terra.closedloop.study.report import run_study
 from terra.closedloop.loop import DriveSpec, drive_specs, run_drives
 from terra.closedloop.policies.builtin import reference_policy
-from terra.closedloop.recording.files import write_drive
+from terra.closedloop.recording.files import write_drive, DriveWriters
 from terra.closedloop.recording.run import RunSettings, even_chunks
-from terra.closedloop.recording.writers import DriveWriters
 from terra.closedloop.scenarios import scenario_source, synthetic_scenarios
 from terra.closedloop.study.settings import terra_drive_settings
 from terra.closedloop.worlds import TrueWorld
