@@ -1,4 +1,4 @@
-"""The ACT-Estimator (terra/scoring/estimator.py, i3d.py, estimator_weights.py): ACT-Bench's tensor names and shapes
+"""The ACT-Estimator (terra/scoring/estimator.py, i3d.py): ACT-Bench's tensor names and shapes
 at full size, output shapes and conventions on a small input, and loading published-style weight folders."""
 
 from __future__ import annotations
