@@ -98,18 +98,6 @@ def cluster_interval(statistic: Callable[[np.ndarray], np.ndarray], clusters: Cl
     return bootstrap.interval(estimate, statistic(bootstrap.weights(clusters.size)))
 
 
-def record_interval(statistic: Callable[[np.ndarray], float], scenarios: Sequence[Hashable],
-                    bootstrap: Bootstrap = Bootstrap()) -> Interval:
-    """The interval of any statistic of per-drive records."""
-    clusters = Clusters.of(scenarios)
-    members = [np.flatnonzero(clusters.index == c) for c in range(clusters.size)]
-    replicates = np.empty(bootstrap.draws)
-    for r, counts in enumerate(bootstrap.weights(clusters.size).astype(np.int64)):
-        picked = [np.tile(members[c], n) for c, n in enumerate(counts) if n]
-        replicates[r] = statistic(np.concatenate(picked))
-    return bootstrap.interval(statistic(np.arange(len(clusters.index))), replicates)
-
-
 def _ratio(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), np.nan)

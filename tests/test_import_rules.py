@@ -1,5 +1,5 @@
 """The layering of the package, read from the source with ``ast`` (every import statement, those inside
-functions included), and the size limit of a source file.
+functions included).
 
 Every wing (docs/ARCHITECTURE.md, "Who owns what") imports only the wings of its allow-list (``MAY_IMPORT``) and of
 them only their public faces (``PUBLIC``); no module imports another's private name; an app imports no other app.

@@ -406,7 +406,7 @@ def test_download_lines_name_the_hf_command_the_environment_has(tmp_path):
     from terra.decoder.refiner.checkpoint import DOWNLOAD_HINT as REFINER_HINT
     from terra.core.errors import TerraInputError
     from terra.config.snapshot import DOWNLOAD_HINT
-    from terra.scoring.estimator_weights import weights_file
+    from terra.scoring.estimator import weights_file
 
     assert "`hf download turing-motors/Terra --local-dir Terra`" in DOWNLOAD_HINT
     assert "`hf download turing-motors/Terra video_refiner/refiner_model.pt --local-dir Terra`" in REFINER_HINT

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,8 +16,8 @@ from torch import nn
 
 from terra.core.atomic import atomic_path, json_text, write_text
 from terra.core.errors import TerraInputError, error_reason
-from terra.tokenizer import checkpoint_keys
 from terra.tokenizer.tensors import check_like
+
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
@@ -198,7 +199,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
 
     def load_weights(self, state_dict: Mapping[str, torch.Tensor], source: str = "checkpoint") -> None:
         """Load weights strictly; mismatched, integer or non-finite weights raise one line."""
-        converted = checkpoint_keys.clean(state_dict)
+        converted = clean(state_dict)
         expected = self.state_dict()
         missing = sorted(set(expected) - set(converted))
         unexpected = sorted(set(converted) - set(expected))
@@ -206,7 +207,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
             raise TerraInputError(
                 f"{source}: weights do not match the config ({len(missing)} missing, e.g. {missing[:3]}; "
                 f"{len(unexpected)} unexpected, e.g. {unexpected[:3]}); check that config.json describes these "
-                "weights (or map other key names in tokenizer/checkpoint_keys.py)"
+                "weights (or map other key names in tokenizer/base.py)"
             )
         bad = [k for k in expected if tuple(expected[k].shape) != tuple(converted[k].shape)]
         if bad:
@@ -298,3 +299,24 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
                 "download or copy it again"
             ) from None
     raise TerraInputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by save_pretrained")
+
+
+# Wrappers that prefix every key: DistributedDataParallel and torch.compile.
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")
+
+# Keys that hold training-time statistics, not weights: dropped before a strict load.
+IGNORED_KEYS = (
+    re.compile(r"^quantize\.codebook_used$"),  # LlamaGen's codebook-usage ring buffer
+)
+
+
+def clean(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Strip wrapper prefixes and drop training statistics."""
+    out = {}
+    for key, value in state_dict.items():
+        for prefix in WRAPPER_PREFIXES:
+            if key.startswith(prefix):
+                key = key[len(prefix):]
+        if not any(p.match(key) for p in IGNORED_KEYS):
+            out[key] = value
+    return out

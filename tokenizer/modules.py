@@ -174,11 +174,6 @@ class Decoder(nn.Module):
         self.norm_out = normalize(block_in)
         self.conv_out = nn.Conv2d(block_in, out_channels, 3, padding=1)
 
-    @property
-    def last_layer(self) -> torch.Tensor:
-        """Weight of the output conv (for adaptive GAN loss weighting)."""
-        return self.conv_out.weight
-
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         h = self.conv_in(z)
         for block in self.mid:

@@ -9,7 +9,7 @@ import torch
 
 from terra.decoder.refiner.checkpoint import check_file
 from terra.decoder.refiner.config import PRESETS, RefinerConfig, TERRA, TINY, preset
-from terra.decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
+from terra.decoder.refiner.sampler import decode_windows, guidance_scales, plan_passes
 from terra.core.device import auto_dtype, check_device, resolve_device
 from terra.core.errors import TerraInputError
 

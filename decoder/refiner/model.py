@@ -20,9 +20,8 @@ from terra.core.atomic import atomic_path
 from terra.decoder.frames import images_to_uint8
 from terra.decoder.refiner.checkpoint import match_tensors, read_state_dict
 from terra.decoder.refiner.config import DECODER_MID_RES_BLOCKS, UNET_RES_BLOCK_EPS, RefinerConfig
-from terra.decoder.refiner.keys import WRAPPER_PREFIX, key_table
-from terra.decoder.refiner.plan import decode_windows, guidance_scales, plan_passes
-from terra.decoder.refiner.sampler import sample_pass
+from terra.decoder.refiner.checkpoint import WRAPPER_PREFIX, key_table
+from terra.decoder.refiner.sampler import decode_windows, guidance_scales, plan_passes, sample_pass
 from terra.tokenizer.base import ImageTokenizer
 
 
@@ -35,7 +34,7 @@ class RefinedVideo:
 
 
 class VideoRefiner(nn.Module):
-    """The refiner's networks (see :mod:`terra.decoder.refiner.keys` for their published names) and its sampling."""
+    """The refiner's networks (their published names: :mod:`terra.decoder.refiner.checkpoint`) and its sampling."""
 
     def __init__(self, config: RefinerConfig) -> None:
         super().__init__()

@@ -53,7 +53,7 @@ from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.fidelity.lanes import find_lane  # noqa: E402
 from terra.roads import Lane, Road, write_clipgt  # noqa: E402
 from terra.sim.renderer import render  # noqa: E402
-from terra.sim.roads import SCENE_LANE_PIECE_M, SCENE_ROAD_SPACING_M  # noqa: E402
+from terra.sim.scene import SCENE_LANE_PIECE_M, SCENE_ROAD_SPACING_M  # noqa: E402
 from terra.sim.scene import LANE_WIDTH_M, ROAD_HALF_WIDTH_M, Scene  # noqa: E402
 from terra.stats import mean, paired_difference  # noqa: E402
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Train the learned policy (terra/closedloop/policies/learned.py) by behaviour cloning on the synthetic world's true
-frames (terra/closedloop/policies/imitation.py) and write its weights; print its held-out error against the expert. The
+frames (terra/closedloop/policies/learned.py) and write its weights; print its held-out error against the expert. The
 shipped weights (terra/assets/learned_driver/model.safetensors) came from the defaults, on a 2-core CPU::
 
     python scripts/experiments/train_learned_policy.py
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from terra.closedloop.policies.imitation import draw_samples, path_errors, save_net, train
+from terra.closedloop.policies.learned import draw_samples, path_errors, save_net, train
 from terra.config.assets import LEARNED_DRIVER
 
 SCRIPTS = Path(__file__).resolve().parents[1]

@@ -13,10 +13,9 @@ import numpy as np
 from PIL import Image
 
 from terra.alpasim.fields import RequestError, client_id, quoted
-from terra.alpasim.maps import SessionMap, release_map_memory, session_map
+from terra.alpasim.maps import SessionMap, release_map_memory, session_map, TopView
 from terra.alpasim.poses import Chunk, RigTrack
 from terra.alpasim.settings import AlpasimSettings
-from terra.alpasim.topview import TopView
 from terra.config.checks import MAX_SEED
 from terra.config.sampling import SamplingConfig
 from terra.core.errors import TerraInputError, error_line

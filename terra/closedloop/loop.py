@@ -12,7 +12,7 @@ from terra.closedloop.guard import CallLine, UserCall, UserCodeError, handed, us
 from terra.closedloop.car.motion import Vehicle, action_of, make_vehicle
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
-from terra.closedloop.car.tracking import Actuation
+from terra.closedloop.car.motion import Actuation
 from terra.closedloop.worlds import World
 from terra.core.errors import TerraInputError, error_line
 from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ

@@ -69,7 +69,7 @@ def with_road_file(source: ScenarioSource, path: Path, num_context: int) -> Scen
 def export_maps(folder: str | Path, num_scenarios: int = 4, scenario_seed: int = 0) -> list[Path]:
     """Write the synthetic scenarios' roads as clipgt maps ``<scenario id>.zip`` into ``folder``; the paths written."""
     from terra.roads import write_clipgt
-    from terra.sim.roads import scene_road
+    from terra.sim.scene import scene_road
 
     out = Path(folder).expanduser()
     out.mkdir(parents=True, exist_ok=True)

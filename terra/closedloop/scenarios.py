@@ -298,13 +298,6 @@ def _log_scenario(clip_dir: Path, image_size: Sequence[int], num_context: int, r
                     reads=reads)
 
 
-def sample_scenarios(samples: str | Path, image_size: Sequence[int], num_context: int = 3,
-                     image_root: str | Path | None = None, resize: str = "crop") -> list[Scenario]:
-    """A scenario per sample of a batch JSONL."""
-    root = None if image_root is None else str(image_root)
-    return scenario_source(samples, image_root=root).load(image_size, num_context, resize)
-
-
 def _context_items(record: dict) -> list[str]:
     items = record["context_frames"] if "context_frames" in record else record["context"]
     return [items] if isinstance(items, str) else list(items)

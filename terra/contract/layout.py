@@ -56,25 +56,6 @@ class TokenLayout:
         """Positions of a full window; the last frame's slots are never filled."""
         return self.max_frames * self.frame_span - self.slot_tokens
 
-    def spatial_index(self, positions: np.ndarray) -> np.ndarray:
-        """Row of the spatial embedding table for each window position."""
-        return np.asarray(positions) % self.frame_span
-
-    def temporal_index(self, positions: np.ndarray) -> np.ndarray:
-        """Row of the temporal embedding table (the frame slot in the window) for each position."""
-        return np.asarray(positions) // self.frame_span
-
-    def is_slot(self, positions: np.ndarray) -> np.ndarray:
-        """True where a window position is a slot (action or route), not an image token."""
-        return self.spatial_index(positions) >= self.image_tokens
-
-    def is_route_slot(self, positions: np.ndarray) -> np.ndarray:
-        return self.spatial_index(positions) >= self.image_tokens + self.action_tokens
-
-    def frame_start(self, slot: int) -> int:
-        """Position of the first image token of frame slot ``slot`` in a window."""
-        return slot * self.frame_span
-
     def prompt_ids(self, frame_codes: np.ndarray) -> list[int]:
         """Token ids for complete frames: each frame's image codes followed by its slots' placeholders."""
         codes = np.asarray(frame_codes).reshape(len(frame_codes), -1)

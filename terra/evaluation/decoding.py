@@ -15,7 +15,7 @@ from terra.config.checks import SEED, Range
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import json_text, write_text
 from terra.core.errors import TerraInputError
-from terra.evaluation.cases import clip_routes, drive_scene_seed, training_scene_seeds
+from terra.evaluation.measure import clip_routes, drive_scene_seed, training_scene_seeds
 from terra.generation.rollout import RolloutRequest
 from terra.metrics import PSNR_CAP_DB, psnr
 from terra.sim.clips import Clip, random_drive

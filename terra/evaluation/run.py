@@ -13,7 +13,7 @@ from terra.contract.layout import check_window
 from terra.core.atomic import json_text, write_text
 from terra.core.device import set_threads
 from terra.core.progress import announce, duration
-from terra.evaluation.cases import (
+from terra.evaluation.measure import (
     DIRECTION_PAIR,
     adherence_cases,
     held_out_seeds,

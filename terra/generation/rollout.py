@@ -135,17 +135,9 @@ class RolloutState:
         if len(self.frames) == self.window.end and self.window_index + 1 < len(self.windows):
             self.window_index += 1
 
-    def set_next_action(self, action: np.ndarray) -> None:
-        """Set the checked ``[6, 3]`` action of the newest frame, which conditions the next frame."""
-        self.set_next_actions(action[None])
-
     def set_next_actions(self, actions: np.ndarray) -> None:
         """Set the actions ``[n, 6, 3]`` (checked) that condition the next ``n`` frames."""
         self._set_next(self.actions, actions)
-
-    def set_next_route(self, route: np.ndarray | None) -> None:
-        """Set the next frame's route, a checked ``[K, 3]`` ``[x, y, s]`` (None: no route)."""
-        self.set_next_routes([route])
 
     def set_next_routes(self, routes: Sequence[np.ndarray | None]) -> None:
         """Set the routes of the next ``n`` frames (each ``[K, 3]`` ``[x, y, s]`` or None: no route)."""

@@ -1,5 +1,6 @@
 """A folder of synthetic clips on disk: :func:`write_dataset` renders them into ``.npz`` shards, :class:`ClipDataset`
-reads. Clip ``i`` is drawn from ``default_rng([seed, i])``; ``meta.json`` is written last.
+reads. Clip ``i`` is drawn from ``default_rng([seed, i])``; ``meta.json`` is written last; a rerun keeps only the
+outputs recorded with its settings.
 """
 
 from __future__ import annotations
@@ -8,24 +9,87 @@ import fnmatch
 import json
 import multiprocessing
 import os
+import shutil
+import sys
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from terra.config.checks import MAX_FRAMES, SEED, Range, check_choice, check_flag
+from terra.config.checks import MAX_FRAMES, Range, SEED, check_choice, check_flag, one_line, shown
 from terra.config.output_dir import claim_output_dir
 from terra.contract.actions import FRAME_RATE_HZ
-from terra.core.atomic import atomic_path, json_text, mark, write_text
+from terra.core.atomic import atomic_path, json_text, mark, marked, write_text
 from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError, past
 from terra.core.progress import Progress
-from terra.sim.clips import DATASET_ROUTE_POINTS, Clip, Drive, random_drive
+from terra.sim.clips import Clip, DATASET_ROUTE_POINTS, Drive, random_drive
 from terra.sim.long_drives import random_long_drive
 from terra.sim.recoveries import CONTEXT_FRAMES, random_recovery
-from terra.sim.reruns import kept_outputs
 from terra.sim.scene import DOMAINS
+
+
+LEFTOVERS = (".tmp", ".old")  # atomic_dir's ``.<name>.tmp`` and ``.<name>.old`` folders
+
+
+def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], recorded: Callable[[Path], dict | None],
+                 what: str, setting: str, app: str) -> set[str]:
+    """The names among ``found`` whose ``recorded`` settings equal ``wanted[name]``.
+
+    The rest of this program's outputs are removed with one line on stderr; an entry not listed in the folder's marker
+    raises :class:`TerraInputError` before anything is removed.
+    """
+    found = sorted(found)
+    listed = marked(out)
+    foreign = [name for name in found if name not in listed]
+    if foreign:
+        them = "it" if len(foreign) == 1 else "them"
+        raise TerraInputError(
+            f"{setting}={one_line(out)} holds {', '.join(shown(n, 60) for n in foreign[:3])}"
+            f"{f' and {len(foreign) - 3} more' if len(foreign) > 3 else ''}, which {app} did not write and which "
+            f"would be mistaken for its {what}; move {them} away or choose another {setting}")
+    keep: set[str] = set()
+    changed: dict[str, list[str]] = {}  # stale name -> the settings it was made with otherwise
+    unwanted, unrecorded = [], []
+    for name in found:
+        record = recorded(out / name) if name in wanted else None
+        if name not in wanted:
+            unwanted.append(name)
+        elif record is None:
+            unrecorded.append(name)
+        elif record == wanted[name]:
+            keep.add(name)
+        else:
+            want = wanted[name]
+            changed[name] = sorted(k for k in want.keys() | record.keys() if record.get(k) != want.get(k))
+    stale = [*changed, *unwanted, *unrecorded]
+    for name in stale:
+        _remove(out / name)
+    _remove_leftovers(out, listed - set(wanted))
+    if stale:
+        why = [f"{len(changed)} made with other {', '.join(sorted({k for keys in changed.values() for k in keys}))}"
+               if changed else "", f"{len(unwanted)} that this run does not write" if unwanted else "",
+               f"{len(unrecorded)} without a record of their settings" if unrecorded else ""]
+        print(f"{app}: removed {len(stale)} {what} that an earlier run left in {one_line(out)} "
+              f"({'; '.join(w for w in why if w)})", file=sys.stderr, flush=True)
+    return keep
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _remove_leftovers(out: Path, names: set[str]) -> None:
+    """Delete the temporary folders ``.<name>.tmp`` / ``.<name>.old`` of atomic writes cut short, for ``names``."""
+    for entry in os.scandir(out):
+        name = entry.name
+        if name.startswith(".") and name.endswith(LEFTOVERS) and name[1:-4] in names and entry.is_dir():
+            shutil.rmtree(entry.path, ignore_errors=True)
+
 
 DATASET_VERSION = 3  # 3: routes [x, y, s] (2: [y, x, s]; 1: the road's centre line)
 APP = "terra-make-dataset"

@@ -19,10 +19,8 @@ from terra.core.errors import TerraInputError
 from terra.core.progress import Progress
 from terra.inputs.driving_logs import ROAD_FILES, TIMESTAMPS_FILE, TRAJECTORY_STEM
 from terra.roads import write_road_file
-from terra.sim.dataset import RECIPES, check_recipe, check_sizes, map_in_processes
-from terra.sim.reruns import kept_outputs
-from terra.sim.roads import scene_road
-from terra.sim.scene import DOMAINS
+from terra.sim.dataset import RECIPES, check_recipe, check_sizes, map_in_processes, kept_outputs
+from terra.sim.scene import scene_road, DOMAINS
 
 LOGS_META_FILE = "clips.json"
 APP = "terra-make-dataset"

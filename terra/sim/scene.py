@@ -14,6 +14,8 @@ from terra.config.checks import check_choice
 from terra.contract.routes import ROUTE_POINT_VALUES, route_distances, routes_from_xy
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import to_ego
+from terra.roads import Lane, Road
+
 
 LANE_WIDTH_M = 3.5
 ROAD_HALF_WIDTH_M = LANE_WIDTH_M  # two lanes
@@ -338,3 +340,23 @@ def _hills(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
         amps = amp * rng.uniform(0.3, 1.0, 5) / np.sqrt(freq / 2)  # higher frequencies, smaller bumps
         ranges.append(np.stack([freq, amps, rng.uniform(0, 2 * np.pi, 5)], 1))
     return np.stack(ranges), np.array([0.045, 0.02])
+
+
+SCENE_ROAD_SPACING_M = 0.25  # a chord's sag on the tightest bend (60 m radius): 0.1 mm
+SCENE_LANE_PIECE_M = 100.0  # a lane's pieces, as a map splits lanes at its junctions
+EGO_LANE, ONCOMING_LANE = "ego", "oncoming"  # the pieces' ids: "ego-0", "ego-1", ... in driving order
+
+
+def scene_road(scene: Scene) -> Road:
+    """``scene``'s road: two lanes in driving-direction pieces chained by successors, edges as boundaries."""
+    ends = np.linspace(0.0, scene.length_m, max(1, round(scene.length_m / SCENE_LANE_PIECE_M)) + 1)
+    pieces = [np.linspace(a, b, int(np.ceil((b - a) / SCENE_ROAD_SPACING_M)) + 1) for a, b in zip(ends, ends[1:])]
+    lanes = []
+    for name, offset, order in ((EGO_LANE, scene.ego_lane_offset_m, pieces),
+                                (ONCOMING_LANE, -scene.ego_lane_offset_m, [s[::-1] for s in pieces[::-1]])):
+        for i, s in enumerate(order):
+            successors = (f"{name}-{i + 1}",) if i + 1 < len(order) else ()
+            lanes.append(Lane(scene.lane_pose(s, offset)[:, :2], id=f"{name}-{i}", successors=successors))
+    s = np.linspace(0.0, scene.length_m, int(np.ceil(scene.length_m / SCENE_ROAD_SPACING_M)) + 1)
+    edges = [scene.lane_pose(s, side * ROAD_HALF_WIDTH_M)[:, :2] for side in (1.0, -1.0)]
+    return Road(lanes, edges, source=f"scene {scene.seed} ({scene.domain})", spacing_m=SCENE_ROAD_SPACING_M)

@@ -20,7 +20,7 @@ from terra.training.distributed import Processes, all_sum, barrier, gradient_syn
 from terra.training.optimizer import make_optimizer
 from terra.training.runlog import RunLog
 from terra.training.settings import ADAPTER_DIR, BEST_DIR, CHECKPOINT_DIR, EXPORT_DIR, LOG_FILE, TrainSpec
-from terra.training.trainee import Trainee, build_trainee, trained_model
+from terra.training.model import Trainee, build_trainee, trained_model
 from terra.training.validation import improves, plan_validation, validation_scores
 from terra.core.atomic import atomic_dir, json_text
 

@@ -6,16 +6,25 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 
+from terra.config.sampling import SamplingConfig
+from terra.core.atomic import atomic_path
 from terra.core.errors import TerraInputError
+from terra.decoder.writers import write_grid
+from terra.generation.backends import model_backend
+from terra.generation.rollout import RolloutRequest
+from terra.metrics import PSNR_CAP_DB, psnr
+from terra.models import LlamaActionForCausalLM
+from terra.pipeline import WorldModelPipeline
 from terra.training.data import ClipSet, TrainingData, stack_windows, validation_windows
 from terra.training.distributed import Processes, all_sum
 from terra.training.runlog import RunLog
 from terra.training.settings import SAMPLES_DIR, TrainSpec
-from terra.training.trainee import Trainee, trained_model
+from terra.training.model import Trainee, trained_model
 
 
 @dataclass
@@ -105,8 +114,30 @@ def _rollout_psnr(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingDa
     # float64: every process gets the score exactly as computed (float32 would round it)
     score = torch.zeros(1, dtype=torch.float64, device=processes.device)
     if model is not None:
-        from terra.training.preview import validation_rollouts
-
         context = min(spec.sample_context, trainee.frames - 1)
         score += validation_rollouts(path, model, tokenizer, data.val, clips, trainee.frames, context, processes.device)
     return float(all_sum(score, processes).item())
+
+
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def validation_rollouts(path: Path, model: LlamaActionForCausalLM, tokenizer, clips: ClipSet, ids: Sequence[int],
+                        frames: int, num_context: int, device: torch.device) -> float:
+    """Roll ``model`` out over the clips ``ids`` from ``num_context`` frames; return the mean PSNR (dB).
+
+    The first clip (left) beside its rollout (right) is written to ``path`` as a GIF.
+    """
+    grid = tokenizer.grid_shape
+    pipeline = WorldModelPipeline(tokenizer, model_backend(model, device, streams=len(ids)), str(device))
+    windows = [clips.window(clip, 0, frames)[:2] for clip in ids]
+    requests = [RolloutRequest(codes[:num_context].numpy().astype(np.int64), actions.numpy(), frames - num_context,
+                               seed=0, routes=clips.frame_routes(clip, 0, frames))
+                for clip, (codes, actions) in zip(ids, windows)]
+    rollouts = [result.frames for result in pipeline.generate(requests, GREEDY, progress=False)]
+    truths = [pipeline.decode(codes.numpy().astype(np.int64).reshape(frames, *grid)) for codes, _ in windows]
+    scores = [min(v, PSNR_CAP_DB) for rollout, truth in zip(rollouts, truths)
+              for v in psnr(rollout[num_context:], truth[num_context:])]
+    with atomic_path(path) as tmp:
+        write_grid(tmp, [truths[0], rollouts[0]])
+    return float(np.mean(scores))

@@ -37,12 +37,12 @@ from terra.alpasim.poses import FRAME_INTERVAL_US  # noqa: E402
 from terra.alpasim.service import WorldModelServicer, bind, start  # noqa: E402
 from terra.alpasim.sessions import SessionTable  # noqa: E402
 from terra.alpasim.settings import AlpasimSettings  # noqa: E402
-from terra.alpasim.topview import BOUNDARY_COLOR, ROUTE_COLOR, TopView  # noqa: E402
+from terra.alpasim.maps import BOUNDARY_COLOR, ROUTE_COLOR, TopView  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.config.sampling import SamplingConfig  # noqa: E402
 from terra.contract.routes import slot_routes  # noqa: E402
 from terra.roads import Lane, Road, write_clipgt  # noqa: E402
-from terra.sim.roads import scene_road  # noqa: E402
+from terra.sim.scene import scene_road  # noqa: E402
 from tests.alpasim.fake_runtime import FakeRuntime  # noqa: E402
 from tests.roads.conftest import TOLERANCE_M, drive_poses  # noqa: E402
 from tests.roads.test_hostile_maps import archive, lane_row, parquet, points  # noqa: E402

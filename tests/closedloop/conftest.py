@@ -24,7 +24,11 @@ from carla_driver_interface.protocol import (
 from hydra import compose, initialize_config_dir
 
 from terra.apps.runner import CONF_DIR
+from terra.closedloop.loop import DriveSpec
 from terra.closedloop.plans import Plan
+from terra.closedloop.recording.files import claim_drive_folder
+from terra.closedloop.recording.run import LocalDrives, RunResult, RunSettings, record_run
+from terra.closedloop.worlds import World
 from terra.closedloop.study.settings import terra_drive_settings
 from terra.inputs.ego_motion import compose as compose_poses, to_ego
 
@@ -135,3 +139,15 @@ def drive_settings_of(out: Path, *overrides: str):
     with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("drive", overrides=["world=truth", *overrides])
     return terra_drive_settings(cfg, out)
+
+
+def drive_and_record(world: World, specs: list[DriveSpec], settings: RunSettings,
+                     model_settings: dict | None = None, plan_following=None,
+                     output=None) -> RunResult:
+    """Drive every spec not already complete in the run folder and record it; return the run's records."""
+    ids = [spec.id for spec in specs]
+    if output is None:
+        output = claim_drive_folder(settings.output_dir, ids, settings.videos, settings.manifest,
+                                    inputs=[item for spec in specs for item in spec.scenario.reads])
+    runner = LocalDrives({world.name: world}, specs, model_settings or {}, plan_following)
+    return record_run(runner, world.name, ids, settings, output)

@@ -40,7 +40,7 @@ from terra.closedloop.policies.egodriver import EgodriverPolicy
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.policies.navsim import CAMERAS, NavsimPolicy
 from terra.closedloop.policies.builtin import reference_policy
-from terra.closedloop.recording.run import RunSettings, drive_and_record
+from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.config.manifest import Manifest, read_manifest
@@ -48,7 +48,8 @@ from terra.config.output_dir import claim_output_dir
 from terra.config.ray_settings import check_executor
 from terra.core.atomic import MARKER, owner
 from terra.core.errors import TerraInputError
-from tests.closedloop.conftest import LaneCentre, LoopbackDriver, drive_settings_of, grpc_server, importable_modules
+from tests.closedloop.conftest import (LaneCentre, LoopbackDriver, drive_and_record, drive_settings_of, grpc_server,
+                                       importable_modules)
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}

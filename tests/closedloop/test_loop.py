@@ -15,12 +15,12 @@ from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.car.motion import VEHICLES, action_of, make_vehicle
 from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.recording.files import metrics_of
-from terra.closedloop.recording.run import RunSettings, drive_and_record
+from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import command_of, synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.contract.actions import ACTION_TIMES
 from terra.sim.renderer import render
-from tests.closedloop.conftest import LaneCentre
+from tests.closedloop.conftest import LaneCentre, drive_and_record
 
 SIZE = (72, 128)
 

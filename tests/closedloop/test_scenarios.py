@@ -11,7 +11,7 @@ from PIL import Image
 
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.policies.builtin import reference_policy
-from terra.closedloop.scenarios import log_scenarios, sample_scenarios, synthetic_scenarios
+from terra.closedloop.scenarios import log_scenarios, scenario_source, synthetic_scenarios
 from terra.closedloop.worlds import TrueWorld
 from terra.core.errors import TerraInputError
 from terra.sim.logs import write_driving_logs
@@ -41,7 +41,7 @@ def test_batch_samples_become_scenarios(tmp_path):
     lines = [{"sample_id": "a", "context": [f"f{i}.png" for i in range(3)], "manoeuvre": "curve_left"},
              {"sample_id": 7, "context": "f*.png", "trajectory": {"x": list(np.arange(40.0)), "y": [0.0] * 40}}]
     (tmp_path / "s.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    scenarios = sample_scenarios(tmp_path / "s.jsonl", SIZE, num_context=3)
+    scenarios = scenario_source(tmp_path / "s.jsonl").load(SIZE, 3)
     assert [s.id for s in scenarios] == ["sample-a", "sample-7"]
     np.testing.assert_array_equal(scenarios[0].images, frames)  # PNG round trip of the same size: exact
     assert scenarios[1].speed_kmh == pytest.approx(36.0, rel=1e-3)  # 1 m per 0.1 s
@@ -51,7 +51,7 @@ def test_batch_samples_become_scenarios(tmp_path):
     assert drive.stage == "setup" and "synthetic scene" in drive.error
     (tmp_path / "bad.jsonl").write_text('{"sample_id": 1}\n')
     with pytest.raises(TerraInputError, match="line 1"):
-        sample_scenarios(tmp_path / "bad.jsonl", SIZE)
+        scenario_source(tmp_path / "bad.jsonl").load(SIZE)
 
 
 def test_a_jsonl_scenario_refuses_a_route_in_one_line(tmp_path):
@@ -76,7 +76,7 @@ def test_a_jsonl_scenario_refuses_a_route_in_one_line(tmp_path):
     for name, (line, text) in cases.items():
         (tmp_path / f"{name}.jsonl").write_text(json.dumps(line) + "\n")
         with pytest.raises(TerraInputError) as err:
-            sample_scenarios(tmp_path / f"{name}.jsonl", SIZE, num_context=3)
+            scenario_source(tmp_path / f"{name}.jsonl").load(SIZE, 3)
         assert text in str(err.value) and "\n" not in str(err.value), (name, str(err.value))
     (tmp_path / "null.jsonl").write_text(json.dumps({**base, "ego_routes": None}) + "\n")  # null: no route, as before
-    assert len(sample_scenarios(tmp_path / "null.jsonl", SIZE, num_context=3)) == 1
+    assert len(scenario_source(tmp_path / "null.jsonl").load(SIZE, 3)) == 1

@@ -20,7 +20,7 @@ import torch
 pytest.importorskip("diffusers", reason="the refiner needs diffusers (pip install '.[refiner]')")
 
 from terra.decoder.refiner import TERRA, TINY, decode_windows, guidance_scales, load_refiner, plan_passes  # noqa: E402
-from terra.decoder.refiner.keys import key_table  # noqa: E402
+from terra.decoder.refiner.checkpoint import key_table  # noqa: E402
 from terra.decoder.refiner.model import VideoRefiner  # noqa: E402
 from terra.decoder.refiner.sampler import (
     Predictor, conditioning_vector, denoise, euler_step, initial_latents, scalings, sigma_schedule, unet_predictor,

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 
 from terra.config.assets import register_resolvers
 from terra.core.errors import TerraInputError
-from terra.evaluation import cases
+from terra.evaluation import measure
 from terra.evaluation.run import format_table, run
 from terra.evaluation.settings import EvaluateSpec, evaluate_spec
 from terra.sim import Scene, make_clip
@@ -110,8 +110,8 @@ def test_a_night_evaluation_says_so_in_its_report(tmp_path, capsys, monkeypatch)
 def test_both_measurements_draw_the_same_drives_lit_by_the_domain(tmp_path):
     day, night = (eval_spec(tmp_path, "adherence.pairs=[[curve_left,curve_right]]", f"domain={domain}")
                   for domain in ("day", "night"))
-    (day_clip,), (night_clip,) = (cases.quality_clips(spec, [12_345_678], (36, 64)) for spec in (day, night))
-    (day_case,), (night_case,) = (cases.adherence_cases(spec, [12_345_678], (36, 64)) for spec in (day, night))
+    (day_clip,), (night_clip,) = (measure.quality_clips(spec, [12_345_678], (36, 64)) for spec in (day, night))
+    (day_case,), (night_case,) = (measure.adherence_cases(spec, [12_345_678], (36, 64)) for spec in (day, night))
     for a, b in [(day_clip, night_clip), *((day_case.clips[n], night_case.clips[n]) for n in day_case.clips)]:
         assert (a.domain, b.domain) == ("day", "night")
         np.testing.assert_array_equal(a.poses, b.poses)
@@ -120,16 +120,16 @@ def test_both_measurements_draw_the_same_drives_lit_by_the_domain(tmp_path):
 
 
 def test_held_out_scenes_skip_the_training_scenes():
-    train = cases.training_scene_seeds(0, 50)
+    train = measure.training_scene_seeds(0, 50)
     assert len(train) == 50
     first = sorted(train)[0]
-    seeds = cases.held_out_seeds(first - 1, 3, train)
+    seeds = measure.held_out_seeds(first - 1, 3, train)
     assert first not in seeds and seeds[0] == first - 1 and len(set(seeds)) == 3
 
 
 def test_adherence_contexts_are_shared_and_the_commands_differ(tmp_path):
     spec = eval_spec(tmp_path, "adherence.pairs=[[curve_left,curve_right]]", "horizon=4")
-    (case,) = cases.adherence_cases(spec, [12_345_678], (36, 64))
+    (case,) = measure.adherence_cases(spec, [12_345_678], (36, 64))
     left, right, straight = (case.clips[n] for n in ("curve_left", "curve_right", "straight"))
     np.testing.assert_array_equal(left.frames[:3], right.frames[:3])  # one context for both commands
     np.testing.assert_allclose(left.poses[:3], straight.poses[:3], atol=1e-9)

@@ -18,7 +18,7 @@ import pytest
 from scipy.stats import binom, kendalltau, pearsonr, spearmanr
 
 from terra.stats import (FAIL, INCONCLUSIVE, PASS, Bootstrap, Clusters, DriveValues, Interval, decide,
-                                  kendall_tau_rows, mean, paired_difference, rank_agreement, record_interval,
+                                  kendall_tau_rows, mean, paired_difference, rank_agreement,
                                   regression_slope, spearman_rho_rows, within_slope)
 from terra.stats import few_clusters_factor, mmrv_rows, pearson_rows, policies_median_difference, widened
 
@@ -114,12 +114,23 @@ def test_the_within_slope_ignores_differences_between_groups():
         within_slope(np.arange(len(group)) % 2, group, x, y)
 
 
+def looped_interval(statistic, scenarios: np.ndarray, bootstrap: Bootstrap) -> Interval:
+    """The cluster bootstrap written as a loop over replicates: the reference for the vectorised statistics."""
+    clusters = Clusters.of(scenarios)
+    members = [np.flatnonzero(clusters.index == c) for c in range(clusters.size)]
+    replicates = np.empty(bootstrap.draws)
+    for r, counts in enumerate(bootstrap.weights(clusters.size).astype(np.int64)):
+        picked = [np.tile(members[c], n) for c, n in enumerate(counts) if n]
+        replicates[r] = statistic(np.concatenate(picked))
+    return bootstrap.interval(statistic(np.arange(len(clusters.index))), replicates)
+
+
 def test_the_same_seed_draws_the_same_replicates_for_every_statistic():
     rng = np.random.default_rng(0)
     scenario, values = correlated_drives(rng, scenarios=12, per_scenario=3)
     boot = Bootstrap(draws=300, seed=5)
     vectorised = mean(scenario, values, boot)
-    looped = record_interval(lambda idx: float(values[idx].mean()), scenario, boot)
+    looped = looped_interval(lambda idx: float(values[idx].mean()), scenario, boot)
     assert (looped.estimate, looped.low, looped.high) == pytest.approx(
         (vectorised.estimate, vectorised.low, vectorised.high), rel=1e-12)
     assert mean(scenario, values, boot) == vectorised

@@ -166,7 +166,7 @@ def test_every_app_sizes_the_engine_for_its_rollouts(monkeypatch, tmp_path, roll
     from terra.alpasim.settings import alpasim_spec
     from terra.apps.runner import CONF_DIR
     from terra.apps.serve import load_service
-    from terra.closedloop.recording.open_run import open_worlds
+    from terra.closedloop.recording.drives import open_worlds
     from terra.closedloop.recording.settings import drive_settings
     from terra.config.spec import run_spec
     from terra.serve.settings import ServeSettings

@@ -56,7 +56,7 @@ def test_greedy_codes_equal_the_transformers_backend_with_and_without_routes(vll
 
 
 def test_a_route_set_step_by_step_keeps_the_cache_and_the_codes(vllm_route_backend, hf_backend):
-    """A session sets the next frame's route after seeing a frame (``RolloutState.set_next_route``): the frames
+    """A session sets the next frame's route after seeing a frame (``RolloutState.set_next_routes``): the frames
     before keep their items, so their prefix is served from the cache, and the codes are the batch rollout's."""
     layout = vllm_route_backend.layout
     (whole,) = requests(layout, num_context=2, num_frames=3, seed=1, with_routes=(True,))
@@ -64,7 +64,7 @@ def test_a_route_set_step_by_step_keeps_the_cache_and_the_codes(vllm_route_backe
                              routes=np.concatenate([whole.routes[:2], np.full_like(whole.routes[2:], np.nan)]))
     state, done = vllm_route_backend.start(stepped), []
     while not state.finished:
-        state.set_next_route(whole.routes[state.next_frame])
+        state.set_next_routes([whole.routes[state.next_frame]])
         vllm_route_backend.submit(state, GREEDY)
         while not (finished := vllm_route_backend.poll()):
             pass

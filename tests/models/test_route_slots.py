@@ -36,9 +36,6 @@ def layout() -> TokenLayout:
 def test_route_layout_positions():
     lay = layout()
     assert lay.slot_tokens == A + K and lay.frame_span == S and lay.window_positions == WINDOW * S - A - K
-    pos = np.arange(2 * S)
-    assert pos[lay.is_slot(pos)].tolist() == [*range(P, S), *range(S + P, 2 * S)]
-    assert pos[lay.is_route_slot(pos)].tolist() == [*range(P + A, S), *range(S + P + A, 2 * S)]
     codes = np.arange(2 * P).reshape(2, P) % 512
     ids = lay.prompt_ids(codes)
     assert ids == codes[0].tolist() + [PLACEHOLDER] * (A + K) + codes[1].tolist() + [PLACEHOLDER] * (A + K)
@@ -156,13 +153,13 @@ def test_rollout_state_carries_routes_shifted_by_one_frame():
     slots = route_slot_values(routes)  # [y, x, s]
     np.testing.assert_array_equal(state.conditions[:, A:], slots[1:])
     twin = state.copy()
-    twin.set_next_route(routes[0])  # the next frame (2) is drawn where route 0 was: frame 1's slots hold it
-    twin.set_next_action(np.ones((A, 3), np.float32))
+    twin.set_next_routes([routes[0]])  # the next frame (2) is drawn where route 0 was: frame 1's slots hold it
+    twin.set_next_actions(np.ones((1, A, 3), np.float32))
     np.testing.assert_array_equal(twin.route_slots[1], slots[0])
     np.testing.assert_array_equal(twin.route_slots[2], slots[0])  # the frame after: the same, until set (guesses)
     np.testing.assert_array_equal(state.conditions[:, A:], slots[1:])  # the copy is independent
     np.testing.assert_array_equal(state.actions, actions)
-    twin.set_next_route(None)
+    twin.set_next_routes([None])
     assert np.isnan(twin.route_slots[1]).all()
     assert np.isnan(RolloutState(RolloutRequest(codes[:2], actions, 2), layout()).route_slots).all()
 

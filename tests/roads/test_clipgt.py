@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from terra.roads import Lane, Road, read_clipgt, routes_along, write_clipgt
-from terra.sim.roads import scene_road
+from terra.sim.scene import scene_road
 from terra.sim.scene import ROAD_HALF_WIDTH_M
 from tests.roads.conftest import TOLERANCE_M, drive_poses, route_offsets
 from tests.roads.test_follow import y_fork

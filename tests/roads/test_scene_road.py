@@ -8,7 +8,7 @@ import pytest
 
 from terra.contract.routes import route_distances
 from terra.roads import route_at, routes_along
-from terra.sim.roads import scene_road
+from terra.sim.scene import scene_road
 from tests.roads.conftest import TOLERANCE_M, drive_poses, route_offsets
 
 

@@ -1,4 +1,4 @@
-"""The ACT-Estimator (terra/scoring/estimator.py, i3d.py, estimator_weights.py): ACT-Bench's tensor names and shapes
+"""The ACT-Estimator (terra/scoring/estimator.py, i3d.py): ACT-Bench's tensor names and shapes
 at full size, output shapes and conventions on a small input, and loading published-style weight folders."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from terra.core.errors import TerraInputError
 from terra.scoring.estimator import EstimatorConfig, VideoActionEstimator
-from terra.scoring.estimator_weights import match_weights
+from terra.scoring.estimator import match_weights
 from terra.scoring.i3d import same_padding
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "act_estimator.tensors.json"

@@ -1,4 +1,4 @@
-"""A rerun of ``terra-make-dataset`` into the folder a killed run left (terra/sim/reruns.py): the shards and clip
+"""A rerun of ``terra-make-dataset`` into the folder a killed run left (terra/sim/dataset.py): the shards and clip
 folders made with the rerun's settings are kept (not rendered again), the killed run's others are removed with one
 line, the folder's ``meta.json`` / ``clips.json`` lists exactly what it holds, and a folder the toolkit did not write
 is refused and left as it was.

@@ -113,7 +113,7 @@ def test_best_by_rollout_psnr_keeps_the_highest_scoring_weights(shards, tmp_path
     assert best["step"] == top and best["val_psnr"] == scored[top] and summary["best"] == best
     assert set(best) == {"step", "val_loss", "val_acc", "val_psnr"}
     from terra.training.data import load_training_data
-    from terra.training.preview import validation_rollouts
+    from terra.training.validation import validation_rollouts
 
     data = load_training_data(str(shards), 0)
     model = LlamaActionForCausalLM.from_pretrained(tmp_path / "best").eval()

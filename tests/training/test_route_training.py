@@ -29,8 +29,7 @@ from terra.sim.scene import Scene
 from terra.sim.tokens import TokenizedClips, load_tokens, save_tokens
 from terra.training.data import WindowSampler, load_training_data
 from terra.training.distributed import start_processes
-from terra.training.model import build_model, new_config
-from terra.training.trainee import build_trainee
+from terra.training.model import build_model, new_config, build_trainee
 from terra.training.settings import train_spec
 from terra.training.tokenize import tokenize_dataset
 from tests.training.test_train import train, train_config

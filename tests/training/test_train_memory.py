@@ -17,7 +17,7 @@ from terra.training.data import WindowSampler, load_training_data
 from terra.training.distributed import start_processes
 from terra.training.optimizer import make_optimizer
 from terra.training.run import train_step
-from terra.training.trainee import build_trainee
+from terra.training.model import build_trainee
 from terra.training.settings import train_spec
 from tests.training.test_train import train, train_config
 from tests.training.test_train_world_model import dataset, tokens  # noqa: F401 (fixtures)
@@ -95,7 +95,7 @@ def test_a_checkpoint_resumes_only_under_its_own_optimizer(tokens, tmp_path):  #
 
 
 def trainee_of(tokens: Path, out: Path, *overrides: str):  # noqa: F811
-    """The run's spec and its trainee on the CPU (terra/training/trainee.py), without training."""
+    """The run's spec and its trainee on the CPU (terra/training/model.py), without training."""
     spec = train_spec(train_config(tokens, out, *overrides))
     return spec, build_trainee(spec, load_training_data(spec.data, spec.val_clips), start_processes("cpu"))
 

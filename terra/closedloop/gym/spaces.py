@@ -14,7 +14,7 @@ from gymnasium.error import InvalidAction
 
 from terra.closedloop.loop import Drive
 from terra.closedloop.plans import COMMANDS, NAVSIM_POSES, Plan, as_plan
-from terra.closedloop.car.tracking import Actuation
+from terra.closedloop.car.motion import Actuation
 from terra.closedloop.car.vehicle import VehicleParams
 from terra.core.errors import TerraInputError, error_line, past
 from terra.contract.actions import finite_array

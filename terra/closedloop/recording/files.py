@@ -1,32 +1,105 @@
-"""Drives recorded as batch rollouts are: a video and a JSON file per drive, a manifest, resumable."""
+"""Drives recorded as batch rollouts are: a video and a JSON file per drive, a manifest, resumable; measured and
+written in the loop's process or beside it."""
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import sys
+from collections import deque
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from multiprocessing import get_context
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
+from tqdm.auto import tqdm
 
+from terra.closedloop.loop import Drive, DriveSpec
 from terra.closedloop.outcomes.alpasim import alpasim_metrics
 from terra.closedloop.outcomes.frames import measure_device, measure_frames
-from terra.closedloop.loop import Drive, DriveSpec
-from terra.contract.routes import TOLD
 from terra.closedloop.outcomes.mapless import drive_metrics
 from terra.closedloop.outcomes.truth import truth_metrics
+from terra.closedloop.scenarios import Scenario
 from terra.config.checks import shown
 from terra.config.files import content_digest, load_json
 from terra.config.manifest import MANIFEST, summary_name
 from terra.config.output_dir import Inputs, OutputDir, claim_output_dir
-from terra.closedloop.scenarios import Scenario
-from terra.config.spec import changed_inputs
-from terra.config.spec import fingerprint as spec_fingerprint
-from terra.closedloop.recording.topdown import topdown_png
+from terra.config.spec import changed_inputs, fingerprint as spec_fingerprint
+from terra.contract.routes import TOLD, route_distances
 from terra.core.atomic import atomic_path, json_text, whole_files, write_text, written
 from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
+from terra.inputs.ego_motion import to_world
+from terra.roads import Road
+
+
+MARGIN_M = 30.0
+ROUTE_EVERY = 10  # frames: a route a second
+ROUTE_POINTS = 16
+ROUTE_COLOR = "#ff3ce6"
+PATH_COLOR = "#1f6fd0"
+
+
+def scenario_road(drive: Drive) -> Road | None:
+    """The road the drive's scenario tells routes from: its map's, else its scene's; None where neither is known."""
+    scenario = drive.spec.scenario
+    if scenario.road is not None:
+        return scenario.road
+    if scenario.scene is not None:
+        from terra.sim.scene import scene_road
+
+        return scene_road(scenario.scene)
+    return None
+
+
+def topdown_png(drive: Drive) -> bytes:
+    """The drive's top-down picture as PNG bytes (matplotlib's Agg canvas, no pyplot state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.collections import LineCollection
+    from matplotlib.figure import Figure
+
+    poses = drive.world_poses()
+    shown = [poses[:, :2]]
+    figure = Figure(figsize=(6, 6), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    road = scenario_road(drive)
+    if road is not None:
+        axes.add_collection(LineCollection(list(road.boundaries), colors="0.2", linewidths=1.5, label="road edge"))
+        axes.add_collection(LineCollection([road.lane_points(i) for i in range(len(road))], colors="0.6",
+                                           linewidths=0.8, linestyles="--", label="lane centres"))
+    scenario = drive.spec.scenario
+    if drive.route_source is not None and drive.route_source == scenario.route_source:
+        at = poses[::ROUTE_EVERY]
+        routes = scenario.model_routes(at, ROUTE_POINTS)
+        lines = [to_world(route[:, :2], pose) for route, pose in zip(routes, at) if np.isfinite(route).all()]
+        shown += lines
+        axes.add_collection(LineCollection(lines, colors=ROUTE_COLOR, linewidths=2.0, alpha=0.6,
+                                           label=f"route told ({drive.route_source}; "
+                                                 f"{route_distances(ROUTE_POINTS)[-1]:g} m, one a second)"))
+    elif drive.route_source is not None:
+        axes.plot([], [], color=ROUTE_COLOR, label=f"route told: {drive.route_source} (not drawn)")
+    axes.plot(poses[:, 0], poses[:, 1], color=PATH_COLOR, linewidth=2.0, label="driven path")
+    axes.plot(*poses[0, :2], "o", color=PATH_COLOR, label="start")
+    points = np.concatenate(shown)
+    centre = (points.min(axis=0) + points.max(axis=0)) / 2
+    half = np.ptp(points, axis=0).max() / 2 + MARGIN_M
+    axes.set_xlim(centre[0] - half, centre[0] + half)
+    axes.set_ylim(centre[1] - half, centre[1] + half)
+    axes.set_aspect("equal")
+    axes.set_xlabel("x (m)")
+    axes.set_ylabel("y (m)")
+    axes.set_title(f"{drive.spec.id} ({drive.world})", fontsize=9)
+    axes.legend(loc="upper left", fontsize=7)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
 
 APP = "terra-drive"  # whose run folders drives are, by terra-drive or the Python API
 
@@ -179,3 +252,80 @@ def manifest_record(content: dict, status: str, seconds: float | None = None) ->
             "error": content.get("error"), "ended": content.get("ended"), "steps": content.get("steps"),
             "time_in_lane": truth.get("time_in_lane"), "score": alpasim.get("score"),
             "seconds": None if seconds is None else round(seconds, 3), "files": content.get("files", [])}
+
+
+Emit = Callable[[dict, dict], None]  # (manifest record, the drive's JSON content)
+
+
+class DriveWriters:
+    """Where finished drives are measured and written."""
+
+    def __init__(self, processes: int, emit: Emit) -> None:
+        self.emit = emit
+        self.pool = ProcessPoolExecutor(processes, mp_context=get_context("spawn")) if processes else None
+        self.pending: deque[tuple[Future | None, float, tuple]] = deque()
+
+    def write(self, seconds: float, *args: Any) -> None:
+        """Write a drive (``write_drive``'s arguments; ``seconds``: its share of the chunk's time)."""
+        future = None
+        if self.pool is not None:
+            try:
+                future = self.pool.submit(write_drive, *args)
+            except BrokenProcessPool as err:  # a writer died since the last drive was handed in
+                self._fall_back(err)
+        self.pending.append((future, seconds, args))
+        self.wait(len(self.pending) if self.pool is not None else 0)
+
+    def wait(self, backlog: int) -> None:
+        """Emit every drive written so far, in order, waiting until at most ``backlog`` drives are left to write."""
+        while self.pending:
+            first = self.pending[0][0]
+            if first is not None and not first.done():
+                if len(self.pending) <= backlog:
+                    return
+                if self._write_newest_here():
+                    continue
+            future, seconds, args = self.pending.popleft()
+            self._emit(self._written(future, args), seconds)
+
+    def _write_newest_here(self) -> bool:
+        """Write the newest drive no writer has begun; False when every drive left has begun."""
+        for index in range(len(self.pending) - 1, -1, -1):
+            future, seconds, args = self.pending[index]
+            if future is None or (not future.done() and not future.cancel()):
+                return False  # begun by a writer, and so has every older one (they are taken in order)
+            if future.cancelled():
+                here: Future = Future()
+                try:
+                    here.set_result(write_drive(*args))
+                except Exception as err:  # raised when its record is emitted, as a writer's would be
+                    here.set_exception(err)
+                self.pending[index] = (here, seconds, args)
+                return True
+        return False
+
+    def _written(self, future: Future | None, args: tuple) -> dict:
+        if future is not None:
+            try:
+                return future.result()
+            except BrokenProcessPool as err:
+                self._fall_back(err)
+        return write_drive(*args)
+
+    def _fall_back(self, err: BrokenProcessPool) -> None:
+        """A writer died: every drive not yet written is written by this process from now on."""
+        tqdm.write(f"terra-drive: warning: a writer process died ({err}); drives are written by the loop's own "
+                   "process from now on", file=sys.stderr)
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.pool = None
+        self.pending = deque((None, seconds, args) for _, seconds, args in self.pending)
+
+    def _emit(self, content: dict, seconds: float) -> None:
+        self.emit(manifest_record(content, content["status"], seconds), content)
+
+    def __enter__(self) -> "DriveWriters":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=exc[0] is None, cancel_futures=exc[0] is not None)

@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import ray
 from tqdm.auto import tqdm
 
-from terra.closedloop.recording.open_run import load_specs, open_worlds
+from terra.closedloop.recording.drives import load_specs, open_worlds
 from terra.closedloop.loop import LoopTimings, drive_id
 from terra.closedloop.recording.files import lost_drive_json, manifest_record
 from terra.closedloop.recording.run import RunRecorder, RunSettings, record_drives

@@ -14,8 +14,7 @@ from tqdm.auto import tqdm
 
 from terra.closedloop.outcomes.alpasim import scene_scores
 from terra.closedloop.loop import DriveSpec, LoopTimings, run_drives
-from terra.closedloop.recording.files import claim_drive_folder, completed, drive_inputs, manifest_record
-from terra.closedloop.recording.writers import DriveWriters, Emit
+from terra.closedloop.recording.files import completed, drive_inputs, manifest_record, DriveWriters, Emit
 from terra.closedloop.worlds import TRUTH, World
 from terra.contract.routes import route_summary
 from terra.config.manifest import MANIFEST, Manifest, count_statuses, summary_name
@@ -285,15 +284,3 @@ def record_run(runner: DriveRunner, world: str, drive_ids: Sequence[str], settin
         finally:
             result = recorder.close()
     return result
-
-
-def drive_and_record(world: World, specs: Sequence[DriveSpec], settings: RunSettings,
-                     model_settings: dict[str, Any] | None = None, plan_following=None,
-                     output: OutputDir | None = None) -> RunResult:
-    """Drive every spec not already complete in the run folder and record it; return the run's records."""
-    ids = [spec.id for spec in specs]
-    if output is None:
-        output = claim_drive_folder(settings.output_dir, ids, settings.videos, settings.manifest,
-                                    inputs=[item for spec in specs for item in spec.scenario.reads])
-    runner = LocalDrives({world.name: world}, specs, model_settings or {}, plan_following)
-    return record_run(runner, world.name, ids, settings, output)

@@ -15,7 +15,8 @@ from terra.closedloop.outcomes.alpasim import (
     offroad, project, scene_score, timestep_metrics, wrong_lane)
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.plans import Plan
-from terra.closedloop.recording.run import RunSettings, drive_and_record
+from terra.closedloop.recording.run import RunSettings
+from tests.closedloop.conftest import drive_and_record
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.outcomes.truth import parked_cars
 from terra.closedloop.worlds import TrueWorld

@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from terra.closedloop.study import statistics
-from terra.closedloop.policies.imitation import expert_path
-from terra.closedloop.policies.learned import PATH_AHEAD_M, LearnedLane, PathNet, load_path_net
+from terra.closedloop.policies.learned import expert_path, PATH_AHEAD_M, LearnedLane, PathNet, load_path_net
 from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.policies.builtin import (
     ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PIXEL_POLICIES, REFERENCE_POLICIES, policy_names,

@@ -21,10 +21,9 @@ from terra.closedloop.study.control_worlds import control_world
 from terra.closedloop.study.report import run_study
 from terra.closedloop.loop import DriveSpec, drive_specs, run_drives
 from terra.closedloop.policies.builtin import reference_policy
-from terra.closedloop.recording.files import write_drive
-from terra.closedloop.recording.run import RunSettings, drive_and_record, even_chunks
-from terra.closedloop.recording.writers import DriveWriters
-from terra.closedloop.scenarios import sample_scenarios, synthetic_scenarios
+from terra.closedloop.recording.files import write_drive, DriveWriters
+from terra.closedloop.recording.run import RunSettings, even_chunks
+from terra.closedloop.scenarios import scenario_source, synthetic_scenarios
 from terra.closedloop.study.settings import terra_drive_settings
 from terra.closedloop.worlds import TrueWorld
 from terra.config.assets import ASSETS
@@ -32,6 +31,7 @@ from terra.core.atomic import MARKER, mark, marked
 from terra.core.errors import TerraInputError
 from terra.core.lock import output_lock
 from terra.sim.logs import write_driving_logs
+from tests.closedloop.conftest import drive_and_record
 from tests.conftest import load_script
 
 SIZE = (72, 128)
@@ -226,7 +226,7 @@ def test_a_writer_process_that_dies_leaves_its_drives_to_the_loop(tmp_path, caps
 
 
 def test_the_library_keeps_outputs_apart_from_the_scenarios_files(tmp_path, samples):
-    [scenario] = sample_scenarios(samples, SIZE)
+    [scenario] = scenario_source(samples).load(SIZE)
     specs = drive_specs([scenario], {"lane_follower": reference_policy("lane_follower")})
     with pytest.raises(TerraInputError, match="lies inside the context"):
         drive_and_record(TrueWorld(SIZE), specs, RunSettings(tmp_path / "images" / "frames" / "run", num_steps=1))

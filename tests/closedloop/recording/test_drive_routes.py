@@ -15,7 +15,7 @@ from PIL import Image
 
 from terra.closedloop.loop import DriveSpec
 from terra.closedloop.policies.builtin import reference_policy
-from terra.closedloop.recording.run import RunSettings, drive_and_record
+from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import Scenario, synthetic_scenarios
 from terra.closedloop.study.control_worlds import control_world
 from terra.closedloop.worlds import ModelWorld, TrueWorld
@@ -23,8 +23,9 @@ from terra.config.sampling import SamplingConfig
 from terra.generation.backends import model_backend
 from terra.models.presets import TINY_TOKENIZER
 from terra.pipeline import WorldModelPipeline
-from terra.sim.roads import scene_road
+from terra.sim.scene import scene_road
 from terra.tokenizer.lfq import LFQTokenizer
+from tests.closedloop.conftest import drive_and_record
 from tests.conftest import tiny_model, tiny_route_model
 
 SIZE = (64, 64)

@@ -1,9 +1,9 @@
-"""The table terra-drive ends with (terra/closedloop/recording/run_table.py): per world and policy what the drives' JSON
+"""The table terra-drive ends with (terra/closedloop/recording/drives.py): per world and policy what the drives' JSON
 files measured, failed drives counted apart, ``-`` where nothing was measured."""
 
 from __future__ import annotations
 
-from terra.closedloop.recording.run_table import HEADER, run_table
+from terra.closedloop.recording.drives import HEADER, run_table
 from terra.stats import Bootstrap
 
 
