@@ -112,9 +112,11 @@ class WorldModelPipeline:
         # the options the backend was built with: what a run records
         self.engine_options = dict(engine_options or {})
         self.device = device
-        # frames per tokenizer call: as many whole frames as ``tokenizer_pixels`` hold, at least one
+        # frames per tokenizer call: as many whole frames as ``tokenizer_pixels`` hold, at least one; on the CPU one
+        # (no slower, and a frame's pixels then do not depend on the frames that share its call)
         frame = int(tokenizer.image_size[0]) * int(tokenizer.image_size[1])
-        self.tokenizer_batch_size = tokenizer_batch_size or max(1, tokenizer_pixels // max(1, frame))
+        self.tokenizer_batch_size = tokenizer_batch_size or (1 if str(device) == "cpu" else
+                                                             max(1, tokenizer_pixels // max(1, frame)))
         # one tokenizer call at a time across threads, so its activations fit beside a vLLM engine
         self._tokenizer_lock = threading.Lock()
         self._refiner_lock = threading.Lock()

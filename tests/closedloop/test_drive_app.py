@@ -21,6 +21,7 @@ from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.study.settings import StudySettings, terra_drive_settings
 from terra.closedloop.worlds import TrueWorld
+from terra.core.device import usable_cores
 from tests.conftest import one_error_line
 
 APP = [sys.executable, "-m", "terra.apps.drive"]
@@ -98,7 +99,7 @@ def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
     assert "brake_hard" in cpu.drive.policies and "route_follower" in cpu.drive.policies  # the open-loop horizon
     assert set(cpu.controls) == {"frozen", "gray", "mirrored", "late", "offset_camera", "fast", "slow",
                                  "under_turning", "over_turning", "stutter"}  # no second engine
-    assert cpu.num_control_scenarios == 4 and not cpu.shard_processes.groups
+    assert cpu.num_control_scenarios == 4 and cpu.shard_processes.all == usable_cores()  # a shard process a core
     assert len(gpu.drive.scenarios.ids) == 16 and gpu.drive.num_steps == 200 and gpu.exploitability
     assert len(gpu.drive.policies) == 15 and gpu.drive.run.backend == "vllm" and len(gpu.controls) == 14
     assert {"wrong_route", "no_route"} <= set(gpu.controls)  # all: the route controls too, for the route demo model

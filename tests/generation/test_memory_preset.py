@@ -247,7 +247,8 @@ def test_the_engine_share_never_takes_more_than_its_room():
 def test_the_tokenizer_batch_holds_one_terra_frame_of_pixels():
     """The frames a pipeline's tokenizer takes at once under a plan (what MAIN_PROCESS counts): one of Terra's
     288x512, four of the demo tokenizer's 144x256, one of anything larger; beside vLLM's own 90 % (memory=full) four
-    times as many pixels; a pipeline built by itself takes memory=full's batch, one built for a run its memory's."""
+    times as many pixels; a pipeline built by itself takes memory=full's batch, one built for a run its memory's; on the
+    CPU one frame a call."""
     from terra.generation.backends import model_backend
     from terra.pipeline import WorldModelPipeline
     from terra.run import resolve_run
@@ -264,7 +265,8 @@ def test_the_tokenizer_batch_holds_one_terra_frame_of_pixels():
             return self
 
     def batch(size, memory):
-        return WorldModelPipeline(Frames(size), None, tokenizer_pixels=tokenizer_pixels(memory)).tokenizer_batch_size
+        return WorldModelPipeline(Frames(size), None, "cuda", tokenizer_pixels=tokenizer_pixels(memory)
+                                  ).tokenizer_batch_size
 
     sizes = ((288, 512), (144, 256), (576, 1024), (16, 16))
     assert [batch(size, "16GiB") for size in sizes] == [1, 4, 1, 576]
@@ -275,11 +277,11 @@ def test_the_tokenizer_batch_holds_one_terra_frame_of_pixels():
                                                         "num_hidden_layers": 1, "num_attention_heads": 1,
                                                         "num_key_value_heads": 1}))
     pipeline = WorldModelPipeline(tokenizer, model_backend(model, "cpu"))
-    assert tokenizer.image_size == (144, 256) and pipeline.tokenizer_batch_size == 16
+    assert tokenizer.image_size == (144, 256) and pipeline.tokenizer_batch_size == 1  # on the CPU a frame a call
     spec = RunSpec("terra/assets/demo/world_model", "terra/assets/demo/tokenizer", backend="hf", device="cpu",
                    memory="16GiB")
     built = WorldModelPipeline.from_run(resolve_run(spec), tokenizer)
-    assert built.tokenizer_batch_size == 4
+    assert built.tokenizer_batch_size == 1
 
 
 @pytest.mark.parametrize("card", [0, -1, 0.5, float("nan"), True, "80GiB", 10**40])

@@ -30,11 +30,13 @@ class ShardProcesses:
     engine: int = 0
     scene: int = 0
     kv_cache_gib: float | None = None
+    all: int = 0  # shards of every world (one of them: the study in this process)
 
     @property
     def groups(self) -> dict[str, int]:
         """``shard_worlds`` -> its shards (a group of none left out)."""
-        return {name: count for name, count in (("engine", self.engine), ("scene", self.scene)) if count}
+        counts = (("engine", self.engine), ("scene", self.scene), ("all", self.all if self.all > 1 else 0))
+        return {name: count for name, count in counts if count}
 
 
 def kv_cache(kv_cache_gib: float | None) -> list[str]:
@@ -62,7 +64,8 @@ def shard_command(overrides: Sequence[str], shard: int, shards: int, threads: in
     mine = [o for o in overrides if setting(o) not in SHARD_SETTINGS and not setting(o).startswith("shard_processes.")]
     return [sys.executable, "-m", "terra.apps.drive", *mine, f"shard_index={shard}", f"num_shards={shards}",
             f"num_threads={threads}", f"shard_worlds={worlds}", "shard_processes.engine=0", "shard_processes.scene=0",
-            "progress=false", *(f"++backend.options.{key}={value}" for key, value in share.items())]
+            "shard_processes.all=0", "progress=false",
+            *(f"++backend.options.{key}={value}" for key, value in share.items())]
 
 
 def visible_gpus() -> list[str]:

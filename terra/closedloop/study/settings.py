@@ -20,6 +20,7 @@ from terra.closedloop.worlds import TRUTH
 from terra.config.checks import Range, check_choice, check_flag, check_settings, select
 from terra.config.files import declared_route_tokens
 from terra.config.manifest import manifest_name
+from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError
 
 SETTINGS = {
@@ -37,6 +38,7 @@ PROCESSES = {  # shard_processes: the study as shards of this machine
     "shard_processes.scene": Range(0, 256, 6, whole=True),
     "shard_processes.kv_cache_gib": Range(0.1, 1024, 2, nullable=True),
 }
+EVERY_WORLD = Range(0, 256, 2, whole=True)  # shard_processes.all (or cores)
 FIDELITY_STEPS = 200  # num_steps=null: 20 s drives (AlpaSim's ``duration_frac_20s``)
 
 
@@ -90,8 +92,16 @@ def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Seq
 
 def _shard_processes(cfg: DictConfig) -> ShardProcesses:
     values = check_settings(cfg, PROCESSES)
+    every = select(cfg, "shard_processes.all")
+    if isinstance(every, str) and every != "cores":
+        raise TerraInputError(f"shard_processes.all must be cores (one per core this run may use) or a whole number "
+                              f"from 0 to 256 (got {every}); e.g. shard_processes.all=2")
+    every = usable_cores() if every == "cores" else EVERY_WORLD.check(every, "shard_processes.all")
+    if every and (values["shard_processes.engine"] or values["shard_processes.scene"]):
+        raise TerraInputError("shard_processes.all shards every world alike: give it without shard_processes.engine "
+                              "and shard_processes.scene (or set shard_processes.all=0)")
     return ShardProcesses(values["shard_processes.engine"], values["shard_processes.scene"],
-                          values["shard_processes.kv_cache_gib"])
+                          values["shard_processes.kv_cache_gib"], every)
 
 
 def needs_gpu(preset: str | None, device: str, processes: ShardProcesses, executor: str = "local") -> None:

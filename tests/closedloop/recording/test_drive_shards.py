@@ -5,6 +5,7 @@ nothing again (and with ``world=both`` writes the fidelity report)."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -118,13 +119,48 @@ def test_the_study_runs_its_own_shard_processes_then_its_report(tmp_path):
     assert result.stdout.rstrip().splitlines()[-1].startswith("- frozen stays a simulator")  # the verdict last
 
 
+def _study_on(cores: set[int], out: Path) -> subprocess.CompletedProcess:
+    """A tiny study of every world with ``shard_processes.all=cores`` (study=cpu's), run on ``cores`` alone."""
+    return subprocess.run(
+        [sys.executable, "-m", "terra.apps.drive", "world=both", "policies=[lane_follower]", "num_scenarios=2",
+         "num_steps=2", "controls=[frozen]", "backend=hf", "videos=false", "shard_processes.all=cores",
+         f"output_dir={out}"], capture_output=True, text=True, timeout=600,
+        preexec_fn=lambda: os.sched_setaffinity(0, cores))
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs two cores to give a run one or two")
+def test_the_study_of_every_world_takes_a_shard_process_per_core_and_reports_the_same(tmp_path):
+    """``shard_processes.all=cores``: a run given two cores drives every world in two shard processes, a run given one
+    in its own process, and both write the same report."""
+    two, one = sorted(os.sched_getaffinity(0))[:2], {min(os.sched_getaffinity(0))}
+    on_two, on_one = _study_on(set(two), tmp_path / "two"), _study_on(one, tmp_path / "one")
+    assert on_two.returncode == 0 and on_one.returncode == 0, on_two.stderr + on_one.stderr
+    assert "terra-drive: 2 shard processes (2 all) ended in" in on_two.stdout
+    assert "shard processes" not in on_one.stdout
+    for world in ("model", "truth", "frozen"):  # a drive of each world in each shard
+        shards = [read_manifest(tmp_path / "two" / world / f"manifest.shard-{i}-of-2.jsonl") for i in (0, 1)]
+        assert [len(records) for records in shards] == [1, 1]
+    report = json.loads((tmp_path / "two" / "fidelity.json").read_text())
+    assert report["verdicts"] and report == json.loads((tmp_path / "one" / "fidelity.json").read_text())
+
+
+def test_shards_of_every_world_are_refused_beside_engine_or_scene_shards(tmp_path):
+    with pytest.raises(TerraInputError, match="shard_processes.all shards every world alike: give it without"):
+        settings(tmp_path / "out", "world=both", POLICIES, "shard_processes.all=2", "shard_processes.scene=2")
+    with pytest.raises(TerraInputError, match="shard_processes.all must be cores"):
+        settings(tmp_path / "out", "world=both", POLICIES, "shard_processes.all=many")
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_shard_is_told_its_shard_and_its_engine_share():
     command = shard_command(["study=gpu", "shard_index=3", "shard_processes.engine=4", "output_dir=o"], 1, 4, 2, 2.0,
                             "engine")
     assert command[:3] == [sys.executable, "-m", "terra.apps.drive"] and "shard_index=3" not in command
     assert command[3:] == ["study=gpu", "output_dir=o", "shard_index=1", "num_shards=4", "num_threads=2",
                            "shard_worlds=engine", "shard_processes.engine=0", "shard_processes.scene=0",
-                           "progress=false", f"++backend.options.kv_cache_memory_bytes={2 << 30}",
+                           "shard_processes.all=0", "progress=false",
+                           f"++backend.options.kv_cache_memory_bytes={2 << 30}",
                            "++backend.options.gpu_memory_utilization=0.225"]
     scene = shard_command(["study=gpu"], 0, 6, 2, 2.0, "scene", per_card=4)
     assert not any("backend.options" in part for part in scene)  # no engine to size
