@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import textwrap
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 import terra.conf
+from terra.config.schema import register_schema, settings_help
 
 CONF_DIR = Path(terra.conf.__file__).resolve().parent
 EXIT_CODES = ("Exit codes: 0 done, 2 bad input or setting (one line on stderr), 130 / 143 interrupted,\n1 internal "
@@ -22,13 +24,19 @@ WIDTH = 118  # a page's wrapped lines
 
 @dataclass(frozen=True)
 class Page:
-    """What an app's page adds to its config file: console script, docs page, sections, choices and exit codes."""
+    """What an app's page adds to its config file: console script, docs page, sections, choices, exit codes and
+    the schema of its settings (``module:Class``)."""
 
     prog: str
     docs: str
     sections: tuple[tuple[str, str], ...] = ()
     choices: Callable[[], dict[str, str]] | None = None
     exit_codes: str = EXIT_CODES
+    schema: str = ""
+
+    def schema_class(self) -> type | None:
+        module, _, name = self.schema.partition(":")
+        return getattr(importlib.import_module(module), name) if module else None
 
 
 def _drive_choices() -> dict[str, str]:
@@ -153,7 +161,7 @@ PAGES: dict[str, Page] = {  # config name -> its page
     "score_actbench": Page("terra-score", "docs/score.md", (
         ("Inputs", "videos: <name>_<sample_id>.mp4 files (terra-rollout output.naming=actbench); samples: ACT-Bench's "
                    "act_bench.jsonl\n(sample_id, label, reference_traj, ...; docs/score.md); estimator: a download "
-                   "of turing-motors/ACT-Estimator"),)),
+                   "of turing-motors/ACT-Estimator"),), schema="terra.scoring.settings:ScoreConfig"),
     "evaluate": Page("terra-evaluate", "docs/score.md", exit_codes=(
         "Exit codes: 0 report written, 2 bad setting (one line, nothing written), 130 / 143 interrupted (the phases\n"
         "finished are kept in out_dir; a line names the command that resumes), 1 internal error (--verbose shows its "
@@ -227,8 +235,10 @@ def page_template(config_name: str, prog: str | None = None) -> str:
     groups = config_groups(text)
     if groups:
         parts.append(f"== Configuration groups (GROUP=OPTION; conf/GROUP/OPTION.yaml) ==\n{_literal(_rows(groups))}")
+    schema = page.schema_class()
+    settings = settings_help(schema, WIDTH) if schema is not None else documented_settings(text)
     parts.append(f"== Settings (KEY=VALUE; `{page.prog} --cfg job [KEY=VALUE ...]` prints them as a run would "
-                 f"take them) ==\n{_literal(documented_settings(text))}")
+                 f"take them) ==\n{_literal(settings)}")
     parts.append(_literal(f"{page.exit_codes}\nDocs: {page.docs}"))
     return re.sub(r"\n{3,}", "\n\n", "\n\n".join(parts))
 
@@ -257,6 +267,14 @@ def _rows(rows: dict[str, str]) -> str:
 
 def _indented(body: str) -> str:
     return "\n".join(f"  {line}" if line else line for line in body.splitlines())
+
+
+def register_schemas() -> None:
+    """Store each app's schema in Hydra's ConfigStore, where its config's defaults list finds it."""
+    for config_name, page in PAGES.items():
+        schema = page.schema_class()
+        if schema is not None:
+            register_schema(config_name, schema)
 
 
 def register_help() -> None:
