@@ -157,7 +157,8 @@ PAGES: dict[str, Page] = {  # config name -> its page
                    "shows its traceback)."),
     "blend_world_models": Page("terra-blend", "docs/train.md", exit_codes=(
         "Exit codes: 0 written, 2 bad setting or two models of different architectures (one line, nothing written),\n"
-        "130 / 143 interrupted (nothing written), 1 internal error (--verbose shows its traceback).")),
+        "130 / 143 interrupted (nothing written), 1 internal error (--verbose shows its traceback)."),
+        schema="terra.training.blend:BlendConfig"),
     "score_actbench": Page("terra-score", "docs/score.md", (
         ("Inputs", "videos: <name>_<sample_id>.mp4 files (terra-rollout output.naming=actbench); samples: ACT-Bench's "
                    "act_bench.jsonl\n(sample_id, label, reference_traj, ...; docs/score.md); estimator: a download "
