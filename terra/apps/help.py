@@ -145,7 +145,7 @@ PAGES: dict[str, Page] = {  # config name -> its page
         ("Data (data.tokens=)", "a shard folder of terra-prepare-logs (its own train/val split) or a tokenized-clips "
                                 "file of terra-tokenize"),)),
     "train_tokenizer": Page("terra-train-tokenizer", "docs/train.md"),
-    "tokenize_dataset": Page("terra-tokenize", "docs/train.md"),
+    "tokenize_dataset": Page("terra-tokenize", "docs/train.md", schema="terra.training.tokenize:TokenizeConfig"),
     "make_dataset": Page("terra-make-dataset", "docs/train.md", choices=_dataset_choices),
     "prepare_driving_logs": Page("terra-prepare-logs", "docs/train.md", (
         ("Clips (logs=DIR)", LOGS),

@@ -7,12 +7,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from terra.config.backend import DTYPES, check_num_threads
+from terra.config.backend import DTYPES, device_setting, num_threads_setting
 from terra.config.checks import Range, required_path, select, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import claim_output_dir
 from terra.config.schema import check_schema, setting
-from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.scoring.report import FILES
 from terra.config.actbench import MAX_SAMPLES_BYTES
@@ -39,12 +38,9 @@ class ScoreConfig:
     batch_size: int = setting(16, "videos per estimator call", Range(1, 1024, 16, whole=True))
     num_workers: int = setting(8, "DataLoader workers decoding and preprocessing videos (0: in this process); at "
                                   "most the CPUs this process may use", Range(0, 256, 8, whole=True))
-    device: str = setting("auto", "auto | cpu | cuda | cuda:N", check=check_device)
+    device: str = device_setting()
     dtype: str = setting("auto", "auto: bf16 autocast on a GPU, as ACT-Bench; fp32 on a CPU", choices=DTYPES[:3])
-    num_threads: Optional[Union[int, str]] = setting(
-        "auto", "torch CPU threads: auto = half the CPUs this process may use (at least 1), which holds up on a "
-                "shared machine; N; null = torch's default, one per core (benchmarks/cpu.md, \"Threads\")",
-        check=check_num_threads)
+    num_threads: Optional[Union[int, str]] = num_threads_setting()
     progress: bool = setting(True, "a bar over the videos on a terminal (in a log a line a minute) and a line per "
                                    "stage")
     dry_run: bool = setting(False, "true: check samples, videos (matched, frames counted) and the estimator folder "
