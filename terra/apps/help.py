@@ -79,12 +79,6 @@ def _rollout_choices() -> dict[str, str]:
             "executor": " | ".join(EXECUTORS), "decoder": " | ".join(DECODERS)}
 
 
-def _dataset_choices() -> dict[str, str]:
-    from terra.sim.scene import DOMAINS
-
-    return {"format": "shards | driving_logs", "domain": " | ".join(DOMAINS)}
-
-
 TRAJECTORIES = """\
 .json  an object with one trajectory form: "instruction_trajs" [T, 60, 2|3] (ACT-Bench, ego frame of each frame,
        20 Hz), "trajectory" {"x": [...], "y": [...], "yaw"?, "t"? or "rate_hz"?} (world frame, metres, 10 Hz),
@@ -146,7 +140,7 @@ PAGES: dict[str, Page] = {  # config name -> its page
                                 "file of terra-tokenize"),)),
     "train_tokenizer": Page("terra-train-tokenizer", "docs/train.md"),
     "tokenize_dataset": Page("terra-tokenize", "docs/train.md", schema="terra.training.tokenize:TokenizeConfig"),
-    "make_dataset": Page("terra-make-dataset", "docs/train.md", choices=_dataset_choices),
+    "make_dataset": Page("terra-make-dataset", "docs/train.md", schema="terra.sim.dataset:MakeDatasetConfig"),
     "prepare_driving_logs": Page("terra-prepare-logs", "docs/train.md", (
         ("Clips (logs=DIR)", LOGS),
         ("Tokenizer", "tokenizer=demo (default) | terra_lfq tokenizer.path=DIR | vq16 tokenizer.path=DIR, "
