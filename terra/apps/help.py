@@ -138,7 +138,8 @@ PAGES: dict[str, Page] = {  # config name -> its page
     "train_world_model": Page("terra-train", "docs/train.md", (
         ("Data (data.tokens=)", "a shard folder of terra-prepare-logs (its own train/val split) or a tokenized-clips "
                                 "file of terra-tokenize"),)),
-    "train_tokenizer": Page("terra-train-tokenizer", "docs/train.md"),
+    "train_tokenizer": Page("terra-train-tokenizer", "docs/train.md",
+                            schema="terra.training.tokenizer_settings:TrainTokenizerConfig"),
     "tokenize_dataset": Page("terra-tokenize", "docs/train.md", schema="terra.training.tokenize:TokenizeConfig"),
     "make_dataset": Page("terra-make-dataset", "docs/train.md", schema="terra.sim.dataset:MakeDatasetConfig"),
     "prepare_driving_logs": Page("terra-prepare-logs", "docs/train.md", (
@@ -148,7 +149,7 @@ PAGES: dict[str, Page] = {  # config name -> its page
                       "that world model was trained with")),
         exit_codes="Exit codes: 0 done (unusable clips are skipped, one line each on stderr), 2 bad setting (one "
                    "line, nothing written),\n130 / 143 interrupted (rerun to resume), 1 internal error (--verbose "
-                   "shows its traceback)."),
+                   "shows its traceback).", schema="terra.training.prepare_logs:PrepareLogsConfig"),
     "blend_world_models": Page("terra-blend", "docs/train.md", exit_codes=(
         "Exit codes: 0 written, 2 bad setting or two models of different architectures (one line, nothing written),\n"
         "130 / 143 interrupted (nothing written), 1 internal error (--verbose shows its traceback)."),

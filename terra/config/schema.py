@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from terra.config.checks import Range, check_choice, check_flag, select, shown
 from terra.core.errors import TerraInputError
 
-__all__ = ["Setting", "check_schema", "register_schema", "schema_settings", "setting", "settings_help"]
+__all__ = ["Setting", "check_schema", "group", "register_schema", "schema_settings", "setting", "settings_help"]
 
 
 def setting(default: Any, help: str, range: Range | None = None, choices: tuple | None = None,
@@ -25,6 +25,11 @@ def setting(default: Any, help: str, range: Range | None = None, choices: tuple 
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def group() -> Any:
+    """A block a config group fills (``model=...``): its keys are the group's, checked where they are read."""
+    return dataclasses.field(default_factory=dict, metadata={"group": True})
 
 
 @dataclass(frozen=True)
@@ -74,8 +79,8 @@ class Setting:
 def _type_name(kind: Any) -> str:
     names = {int: "a whole number", float: "a number", str: "text", bool: "true or false", list: "a list"}
     args = [arg for arg in typing.get_args(kind) if arg is not type(None)]
-    if typing.get_origin(kind) in (list, typing.List):
-        return "a list"
+    if typing.get_origin(kind) in (list, dict):
+        return {list: "a list", dict: "a mapping"}[typing.get_origin(kind)]
     if args:
         return " or ".join(names.get(arg, getattr(arg, "__name__", str(arg))) for arg in args) + " or null"
     return names.get(kind, getattr(kind, "__name__", str(kind)))
@@ -87,6 +92,8 @@ def schema_settings(schema: type, prefix: str = "") -> list[Setting]:
     found = []
     for field in dataclasses.fields(schema):
         kind, key = hints[field.name], f"{prefix}{field.name}"
+        if field.metadata.get("group"):
+            continue
         if dataclasses.is_dataclass(kind):
             found += schema_settings(kind, f"{key}.")
             continue
