@@ -161,7 +161,7 @@ PAGES: dict[str, Page] = {  # config name -> its page
     "evaluate": Page("terra-evaluate", "docs/score.md", exit_codes=(
         "Exit codes: 0 report written, 2 bad setting (one line, nothing written), 130 / 143 interrupted (the phases\n"
         "finished are kept in out_dir; a line names the command that resumes), 1 internal error (--verbose shows its "
-        "traceback).")),
+        "traceback)."), schema="terra.evaluation.settings:EvaluateConfig"),
 }
 
 
