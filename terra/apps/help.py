@@ -137,7 +137,7 @@ PAGES: dict[str, Page] = {  # config name -> its page
     "alpasim": Page("terra-alpasim", "docs/alpasim.md"),
     "train_world_model": Page("terra-train", "docs/train.md", (
         ("Data (data.tokens=)", "a shard folder of terra-prepare-logs (its own train/val split) or a tokenized-clips "
-                                "file of terra-tokenize"),)),
+                                "file of terra-tokenize"),), schema="terra.training.settings:TrainConfig"),
     "train_tokenizer": Page("terra-train-tokenizer", "docs/train.md",
                             schema="terra.training.tokenizer_settings:TrainTokenizerConfig"),
     "tokenize_dataset": Page("terra-tokenize", "docs/train.md", schema="terra.training.tokenize:TokenizeConfig"),
