@@ -134,7 +134,7 @@ PAGES: dict[str, Page] = {  # config name -> its page
          "(docs/rollout.md, \"Samples\")."),), _drive_choices,
         "Exit codes: 0 every drive ended well, 1 some drive failed (its reason is in the manifest), 2 bad input or\n"
         "setting (one line on stderr), 130 / 143 interrupted (a rerun resumes)."),
-    "alpasim": Page("terra-alpasim", "docs/alpasim.md"),
+    "alpasim": Page("terra-alpasim", "docs/alpasim.md", schema="terra.alpasim.settings:AlpasimConfig"),
     "train_world_model": Page("terra-train", "docs/train.md", (
         ("Data (data.tokens=)", "a shard folder of terra-prepare-logs (its own train/val split) or a tokenized-clips "
                                 "file of terra-tokenize"),), schema="terra.training.settings:TrainConfig"),

@@ -28,7 +28,7 @@ from terra.apps.help import PAGES, register_help, register_schemas
 from terra.config.assets import register_resolvers
 from terra.config.checks import did_you_mean, one_line
 from terra.config.extras import check_extras
-from terra.config.schema import schema_settings
+from terra.config.schema import refusal
 from terra.core.errors import TerraInputError
 from terra.core.progress import shows_bars
 
@@ -130,8 +130,7 @@ def typed_refusal(err: BaseException, prog: str) -> str | None:
     schema = page.schema_class() if page is not None else None
     if not isinstance(cause, ValidationError) or schema is None:
         return None
-    item = next((item for item in schema_settings(schema) if item.key == str(cause.full_key)), None)
-    return item.refusal(cause.value) if item is not None else None
+    return refusal(schema, str(cause.full_key), cause.value)
 
 
 class _TaskFailed(BaseException):

@@ -11,10 +11,11 @@ from typing import Any, Callable
 
 from hydra.core.config_store import ConfigStore
 
-from terra.config.checks import Range, check_choice, check_flag, select, shown
+from terra.config.checks import Range, check_choice, check_flag, known_settings, select, shown
 from terra.core.errors import TerraInputError
 
-__all__ = ["Setting", "check_schema", "group", "register_schema", "schema_settings", "setting", "settings_help"]
+__all__ = ["Setting", "check_schema", "group", "refusal", "register_schema", "schema_settings", "setting",
+           "settings_help"]
 
 
 def setting(default: Any, help: str, range: Range | None = None, choices: tuple | None = None,
@@ -106,6 +107,24 @@ def schema_settings(schema: type, prefix: str = "") -> list[Setting]:
 def check_schema(cfg: Any, schema: type) -> dict[str, Any]:
     """Every setting of ``schema`` in ``cfg`` (an OmegaConf config or nested mappings), checked, by dotted key."""
     return {item.key: item.check(select(cfg, item.key)) for item in schema_settings(schema)}
+
+
+def refusal(schema: type, key: str, value: Any) -> str | None:
+    """The line refusing ``value`` for the setting or block ``key`` of ``schema`` (its type refused it), or None."""
+    block = schema
+    for part in key.split("."):
+        kind = typing.get_type_hints(block).get(part) if dataclasses.is_dataclass(block) else None
+        if kind is None:
+            return None
+        block = kind
+    if dataclasses.is_dataclass(block):
+        try:
+            known_settings(value, block, key)
+        except TerraInputError as err:
+            return str(err)
+        return None
+    item = next((item for item in schema_settings(schema) if item.key == key), None)
+    return item.refusal(value) if item is not None else None
 
 
 def _yaml(value: Any) -> str:

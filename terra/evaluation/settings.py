@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Union
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from terra.config.backend import device_setting, num_threads_setting
 from terra.config.checks import SEED, Range, required_path, shown
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.config.schema import check_schema, group, setting
-from terra.config.spec import RunSpec, run_spec
+from terra.config.schema import check_schema, setting
+from terra.config.spec import RunConfig, RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.inputs.trajectory import MANOEUVRE_RANGES, MANOEUVRES
 from terra.sim.scene import DOMAINS
@@ -119,28 +118,15 @@ class TargetsBlock:
 
 
 @dataclass
-class EvaluateConfig:
+class EvaluateConfig(RunConfig):
     """terra-evaluate's settings."""
 
-    tokenizer: Dict[str, Any] = group()
-    sampling: Dict[str, Any] = group()
-    model: Dict[str, Any] = group()
-    backend: Dict[str, Any] = group()
-    terra_root: Optional[str] = setting(None, "a download of turing-motors/Terra (world_model/, "
-                                              "lfq_tokenizer_B_256/, ...); see conf/model/terra_v1.yaml")
     out_dir: Optional[str] = setting("outputs/eval/${now:%Y-%m-%d}/${now:%H-%M-%S}",
                                      "report.json goes here (checked writable first), and each phase's results as "
                                      "it ends: a run into it reuses those of equal inputs (docs/score.md)")
-    num_context: int = setting(3, "ground-truth frames encoded as context; at least 1 and below the world model's "
-                                  "window")
     horizon: int = setting(10, "frames generated after the context (metrics per step 1..horizon)",
                            Range(1, 1000, 10, whole=True))
     seed: int = setting(0, "rollout k of a metric's batch samples with seed + k (irrelevant when greedy)", SEED)
-    device: str = device_setting()
-    dtype: str = setting("auto", "auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16")
-    memory: str = setting("full", "GPU memory the vLLM engine fits to: full (vLLM's defaults) | auto (this card) | "
-                                  "16GiB | 24GiB (a card of that size: FP8 KV / weights where needed; docs/memory.md)")
-    num_threads: Optional[Union[int, str]] = num_threads_setting()
     progress: bool = setting(True, "a bar while generating on a terminal; in a log a line a minute with the time left")
     domain: str = setting("day", "the scenes of both measurements: day is the demo models' world", choices=DOMAINS)
     quality: QualityBlock = setting(QualityBlock(), "")

@@ -132,7 +132,7 @@ class TrainBlock:
     compile: bool = setting(False, "torch.compile each decoder layer and the loss's softmax (Terra's shape, H100: "
                                    "0.45 vs 0.67 s a step)")
     device: str = device_setting()
-    precision: str = setting("auto", "auto: bf16 autocast on CUDA, fp32 on CPU", choices=("auto", "bf16", "fp32"))
+    precision: str = setting("auto", "auto: bf16 autocast on CUDA, fp32 on CPU", choices=PRECISIONS)
     activation_checkpointing: Any = setting(False, "recompute each decoder layer in the backward pass (Terra's "
                                                    "shape: 34 vs 65 GiB, ~10 % slower); a number N: only the first N "
                                                    "layers", check=_checkpointing)
@@ -144,7 +144,7 @@ class TrainBlock:
                                             "small updates. Frozen weights (LoRA's base model) are kept in the "
                                             "compute dtype: bf16 on GPUs", choices=DTYPES)
     attn_implementation: str = setting("sdpa", "sdpa: FlashAttention kernels on GPUs; flash_attention_2: the "
-                                               "flash-attn package", choices=("sdpa", "eager", "flash_attention_2"))
+                                               "flash-attn package", choices=ATTENTION)
     loss_chunk: int = setting(2048, "positions whose logits exist at once (a window's whole logits never do)",
                               Range(1, 10**7, 2048, whole=True))
     tensorboard: bool = setting(True, "also log to output_dir/tensorboard")
