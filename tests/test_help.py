@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from terra.apps.help import PAGES, config_groups, documented_settings, opening_comment, page_template
+from terra.config.schema import schema_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
@@ -49,8 +50,13 @@ def test_help_names_the_settings_choices_and_docs_page(prog, tmp_path):
     assert f"Usage: {prog} [KEY=VALUE ...]" in page and "Exit codes: 0" in page
     assert f"Docs: {DOCS[prog]}" in page
     text = (ROOT / "conf" / f"{config_of(prog)}.yaml").read_text()
-    config = yaml.safe_load(text)
-    for key in config:  # every setting of the app's config file, with its comment
+    schema = PAGES[config_of(prog)].schema_class()
+    if schema is not None:  # every field of the app's schema, with its help and bounds
+        flat = re.sub(r"\s*\n\s*# ", " ", page)
+        for item in schema_settings(schema):
+            assert f"\n{item.key}: " in page and item.help in flat and item.bounds() in flat, item.key
+        assert set(yaml.safe_load(text)) == {"defaults", "hydra"}  # no setting written twice
+    for key in yaml.safe_load(text):  # every setting of the app's config file, with its comment
         if key not in ("defaults", "hydra"):
             assert f"\n{key}:" in page, key
     for group, options in config_groups(text).items():  # model=..., backend=..., with their options

@@ -149,12 +149,13 @@ def train_model(tokens: Path, out: Path, steps: int, val_clips: int, window: int
     """Train (or resume) a tiny route model on ``tokens`` (and ``recoveries``) with terra-train's run; its export."""
     from hydra import compose, initialize_config_dir
 
+    from terra.apps.runner import CONF_DIR
     from terra.training.run import train
     from terra.training.settings import train_spec
 
     if (out / "model" / "config.json").is_file():
         return out / "model"
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("train_world_model", overrides=[
             f"data.tokens={tokens}", f"output_dir={out}", f"data.val_clips={val_clips}",
             "net.hidden_size=128", "net.intermediate_size=384", "net.num_hidden_layers=2",

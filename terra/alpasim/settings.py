@@ -7,9 +7,9 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig
 
-from terra.config.checks import (MAX_FRAMES, check_choice, check_number, check_whole_number, known_settings, select,
-                                 shown)
-from terra.config.spec import RunSpec, run_spec
+from terra.config.checks import MAX_FRAMES, Range, known_settings, select, shown
+from terra.config.schema import check_schema, schema_settings, setting
+from terra.config.spec import RunConfig, RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.config.network import HOST_NAME, check_token, is_loopback
 
@@ -20,29 +20,52 @@ MAX_PIXELS = 8192 * 8192  # the tokenizer's bound on any frame
 MAX_IDLE_S = 7 * 24 * 3600.0  # a week
 
 
+@dataclass
+class AlpasimBlock:
+    host: str = setting("127.0.0.1", "0.0.0.0 to serve AlpaSim's containers: any address beyond loopback needs a "
+                                     "token")
+    port: int = setting(50051, "", Range(0, 65535, 50051, whole=True))
+    # Any: a token of digits stays a number here, and its check says so
+    token: Any = setting("${oc.env:TERRA_ALPASIM_TOKEN,null}", "clients send gRPC metadata authorization: Bearer "
+                                                               "<token>")
+    max_sessions: int = setting(64, "AlpaSim rollouts at once; more are refused with RESOURCE_EXHAUSTED; the engine "
+                                    "makes room for them (KV memory: docs/alpasim.md, \"Sessions and memory\")",
+                                Range(1, MAX_SESSIONS, 64, whole=True))
+    max_frames: int = setting(3000, "frames one session may render (5 min at 10 fps)",
+                              Range(1, MAX_FRAMES, 3000, whole=True))
+    max_image_pixels: int = setting(3840 * 2160, "an initial frame's pixels (3840x2160), read from its header before "
+                                                 "it is decoded", Range(64 * 64, MAX_PIXELS, 3840 * 2160, whole=True))
+    idle_timeout_s: float = setting(600.0, "a session with no request for this long is closed (a runtime that "
+                                           "died)", Range(0, MAX_IDLE_S, 600, low_open=True))
+    image_format: str = setting("jpeg", "the frames sent", choices=IMAGE_FORMATS)
+    jpeg_quality: int = setting(90, "", Range(1, 100, 90, whole=True))
+
+
+@dataclass
+class AlpasimConfig(RunConfig):
+    """terra-alpasim's settings."""
+
+    num_context: int = setting(1, "AlpaSim sends one initial frame per camera: a session starts from that one frame")
+    alpasim: AlpasimBlock = setting(AlpasimBlock(), "")
+
+
 @dataclass(frozen=True)
 class AlpasimSettings:
     """Where the server listens, the limits that keep one rollout from hurting the others, and the frames' format."""
 
-    host: str = "127.0.0.1"
-    port: int = 50051
+    host: str = AlpasimBlock.host
+    port: int = AlpasimBlock.port
     token: str | None = None
-    max_sessions: int = 64  # the AlpaSim docs, "Sessions and memory"
-    max_frames: int = 3000
-    max_image_pixels: int = 3840 * 2160
-    idle_timeout_s: float = 600.0
-    image_format: str = "jpeg"
-    jpeg_quality: int = 90
+    max_sessions: int = AlpasimBlock.max_sessions
+    max_frames: int = AlpasimBlock.max_frames
+    max_image_pixels: int = AlpasimBlock.max_image_pixels
+    idle_timeout_s: float = AlpasimBlock.idle_timeout_s
+    image_format: str = AlpasimBlock.image_format
+    jpeg_quality: int = AlpasimBlock.jpeg_quality
 
     def __post_init__(self) -> None:
-        for name, minimum, maximum in (("port", 0, 65535), ("max_sessions", 1, MAX_SESSIONS),
-                                       ("max_frames", 1, MAX_FRAMES), ("max_image_pixels", 64 * 64, MAX_PIXELS),
-                                       ("jpeg_quality", 1, 100)):
-            check_whole_number(getattr(self, name), f"alpasim.{name}", minimum,
-                               f"alpasim.{name}={getattr(AlpasimSettings, name)}", maximum)
-        check_number(self.idle_timeout_s, "alpasim.idle_timeout_s", 0.0, MAX_IDLE_S, "alpasim.idle_timeout_s=600",
-                     low_open=True)
-        check_choice(self.image_format, "alpasim.image_format", IMAGE_FORMATS)
+        for item in schema_settings(AlpasimBlock, "alpasim."):
+            item.check(getattr(self, item.key.removeprefix("alpasim.")))
         if not isinstance(self.host, str) or not HOST_NAME.fullmatch(self.host.strip("[]").lower()):
             raise TerraInputError(f"alpasim.host must be an address or host name (got {shown(self.host)}); e.g. "
                                   "alpasim.host=0.0.0.0 for AlpaSim's containers (with alpasim.token)")
@@ -66,6 +89,7 @@ class AlpasimSettings:
 
 def alpasim_spec(cfg: DictConfig) -> tuple[RunSpec, AlpasimSettings]:
     """The run's shared settings and the server's own, from `alpasim` and the command line."""
+    check_schema(cfg, AlpasimConfig)
     settings = AlpasimSettings.from_mapping(select(cfg, "alpasim"))
     spec = run_spec(cfg)
     if spec.num_context != 1:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 import textwrap
 from dataclasses import dataclass
@@ -13,6 +14,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 import terra.conf
+from terra.config.schema import register_schema, settings_help
 
 CONF_DIR = Path(terra.conf.__file__).resolve().parent
 EXIT_CODES = ("Exit codes: 0 done, 2 bad input or setting (one line on stderr), 130 / 143 interrupted,\n1 internal "
@@ -22,13 +24,19 @@ WIDTH = 118  # a page's wrapped lines
 
 @dataclass(frozen=True)
 class Page:
-    """What an app's page adds to its config file: console script, docs page, sections, choices and exit codes."""
+    """What an app's page adds to its config file: console script, docs page, sections, choices, exit codes and
+    the schema of its settings (``module:Class``)."""
 
     prog: str
     docs: str
     sections: tuple[tuple[str, str], ...] = ()
     choices: Callable[[], dict[str, str]] | None = None
     exit_codes: str = EXIT_CODES
+    schema: str = ""
+
+    def schema_class(self) -> type | None:
+        module, _, name = self.schema.partition(":")
+        return getattr(importlib.import_module(module), name) if module else None
 
 
 def _drive_choices() -> dict[str, str]:
@@ -69,12 +77,6 @@ def _rollout_choices() -> dict[str, str]:
 
     return {"output.naming": "default | actbench", "output.formats": ", ".join(FORMATS),
             "executor": " | ".join(EXECUTORS), "decoder": " | ".join(DECODERS)}
-
-
-def _dataset_choices() -> dict[str, str]:
-    from terra.sim.scene import DOMAINS
-
-    return {"format": "shards | driving_logs", "domain": " | ".join(DOMAINS)}
 
 
 TRAJECTORIES = """\
@@ -132,13 +134,14 @@ PAGES: dict[str, Page] = {  # config name -> its page
          "(docs/rollout.md, \"Samples\")."),), _drive_choices,
         "Exit codes: 0 every drive ended well, 1 some drive failed (its reason is in the manifest), 2 bad input or\n"
         "setting (one line on stderr), 130 / 143 interrupted (a rerun resumes)."),
-    "alpasim": Page("terra-alpasim", "docs/alpasim.md"),
+    "alpasim": Page("terra-alpasim", "docs/alpasim.md", schema="terra.alpasim.settings:AlpasimConfig"),
     "train_world_model": Page("terra-train", "docs/train.md", (
         ("Data (data.tokens=)", "a shard folder of terra-prepare-logs (its own train/val split) or a tokenized-clips "
-                                "file of terra-tokenize"),)),
-    "train_tokenizer": Page("terra-train-tokenizer", "docs/train.md"),
-    "tokenize_dataset": Page("terra-tokenize", "docs/train.md"),
-    "make_dataset": Page("terra-make-dataset", "docs/train.md", choices=_dataset_choices),
+                                "file of terra-tokenize"),), schema="terra.training.settings:TrainConfig"),
+    "train_tokenizer": Page("terra-train-tokenizer", "docs/train.md",
+                            schema="terra.training.tokenizer_settings:TrainTokenizerConfig"),
+    "tokenize_dataset": Page("terra-tokenize", "docs/train.md", schema="terra.training.tokenize:TokenizeConfig"),
+    "make_dataset": Page("terra-make-dataset", "docs/train.md", schema="terra.sim.dataset:MakeDatasetConfig"),
     "prepare_driving_logs": Page("terra-prepare-logs", "docs/train.md", (
         ("Clips (logs=DIR)", LOGS),
         ("Tokenizer", "tokenizer=demo (default) | terra_lfq tokenizer.path=DIR | vq16 tokenizer.path=DIR, "
@@ -146,18 +149,19 @@ PAGES: dict[str, Page] = {  # config name -> its page
                       "that world model was trained with")),
         exit_codes="Exit codes: 0 done (unusable clips are skipped, one line each on stderr), 2 bad setting (one "
                    "line, nothing written),\n130 / 143 interrupted (rerun to resume), 1 internal error (--verbose "
-                   "shows its traceback)."),
+                   "shows its traceback).", schema="terra.training.prepare_logs:PrepareLogsConfig"),
     "blend_world_models": Page("terra-blend", "docs/train.md", exit_codes=(
         "Exit codes: 0 written, 2 bad setting or two models of different architectures (one line, nothing written),\n"
-        "130 / 143 interrupted (nothing written), 1 internal error (--verbose shows its traceback).")),
+        "130 / 143 interrupted (nothing written), 1 internal error (--verbose shows its traceback)."),
+        schema="terra.training.blend:BlendConfig"),
     "score_actbench": Page("terra-score", "docs/score.md", (
         ("Inputs", "videos: <name>_<sample_id>.mp4 files (terra-rollout output.naming=actbench); samples: ACT-Bench's "
                    "act_bench.jsonl\n(sample_id, label, reference_traj, ...; docs/score.md); estimator: a download "
-                   "of turing-motors/ACT-Estimator"),)),
+                   "of turing-motors/ACT-Estimator"),), schema="terra.scoring.settings:ScoreConfig"),
     "evaluate": Page("terra-evaluate", "docs/score.md", exit_codes=(
         "Exit codes: 0 report written, 2 bad setting (one line, nothing written), 130 / 143 interrupted (the phases\n"
         "finished are kept in out_dir; a line names the command that resumes), 1 internal error (--verbose shows its "
-        "traceback).")),
+        "traceback)."), schema="terra.evaluation.settings:EvaluateConfig"),
 }
 
 
@@ -227,8 +231,10 @@ def page_template(config_name: str, prog: str | None = None) -> str:
     groups = config_groups(text)
     if groups:
         parts.append(f"== Configuration groups (GROUP=OPTION; conf/GROUP/OPTION.yaml) ==\n{_literal(_rows(groups))}")
+    schema = page.schema_class()
+    settings = settings_help(schema, WIDTH) if schema is not None else documented_settings(text)
     parts.append(f"== Settings (KEY=VALUE; `{page.prog} --cfg job [KEY=VALUE ...]` prints them as a run would "
-                 f"take them) ==\n{_literal(documented_settings(text))}")
+                 f"take them) ==\n{_literal(settings)}")
     parts.append(_literal(f"{page.exit_codes}\nDocs: {page.docs}"))
     return re.sub(r"\n{3,}", "\n\n", "\n\n".join(parts))
 
@@ -257,6 +263,14 @@ def _rows(rows: dict[str, str]) -> str:
 
 def _indented(body: str) -> str:
     return "\n".join(f"  {line}" if line else line for line in body.splitlines())
+
+
+def register_schemas() -> None:
+    """Store each app's schema in Hydra's ConfigStore, where its config's defaults list finds it."""
+    for config_name, page in PAGES.items():
+        schema = page.schema_class()
+        if schema is not None:
+            register_schema(config_name, schema)
 
 
 def register_help() -> None:

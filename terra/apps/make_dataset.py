@@ -16,11 +16,11 @@ import hydra  # noqa: E402
 from omegaconf import DictConfig  # noqa: E402
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, console_script, task  # noqa: E402
-from terra.config.checks import check_choice, required_path, select  # noqa: E402
-from terra.sim.dataset import ClipDataset, write_dataset  # noqa: E402
+from terra.config.checks import required_path  # noqa: E402
+from terra.config.schema import check_schema  # noqa: E402
+from terra.sim.dataset import ClipDataset, MakeDatasetConfig, write_dataset  # noqa: E402
 from terra.sim.logs import write_driving_logs  # noqa: E402
 
-FORMATS = ("shards", "driving_logs")
 PROG = "terra-make-dataset"  # the console script, named in error lines
 
 
@@ -30,19 +30,21 @@ def _main(cfg: DictConfig) -> None:
     """Write the dataset described by ``cfg`` and print a one-line summary."""
     check_added_settings(PROG, cfg=cfg)
     start = time.perf_counter()
-    values = {key: select(cfg, key) for key in ("num_clips", "num_frames", "height", "width", "seed", "workers")}
+    settings = check_schema(cfg, MakeDatasetConfig)
+    values = {key: settings[key] for key in ("num_clips", "num_frames", "height", "width", "seed", "workers",
+                                             "domain", "recipe")}
     out_dir = required_path(cfg, "out_dir", "the dataset's folder")
-    as_logs = check_choice(cfg.format, "format", FORMATS) == "driving_logs"
+    as_logs = settings["format"] == "driving_logs"
     if as_logs:
-        out = write_driving_logs(out_dir, domain=cfg.domain, recipe=cfg.recipe, **values)
+        out = write_driving_logs(out_dir, **values)
     else:
-        out = write_dataset(out_dir, clips_per_shard=select(cfg, "clips_per_shard"), compress=select(cfg, "compress"),
-                            domain=cfg.domain, recipe=cfg.recipe, **values)
+        out = write_dataset(out_dir, clips_per_shard=settings["clips_per_shard"], compress=settings["compress"],
+                            **values)
     size_mb = sum(f.stat().st_size for f in out.rglob("*") if f.is_file()) / 2**20
     elapsed = time.perf_counter() - start
     if as_logs:
         print(f"wrote {values['num_clips']} clips x {values['num_frames']} frames at {values['height']}x"
-              f"{values['width']} ({cfg.domain}) as driving logs to {out} ({size_mb:.1f} MiB) in {elapsed:.1f} s")
+              f"{values['width']} ({values['domain']}) as driving logs to {out} ({size_mb:.1f} MiB) in {elapsed:.1f} s")
         return
     data = ClipDataset(out)
     print(f"wrote {len(data)} clips x {data.num_frames} frames at {data.image_size[0]}x{data.image_size[1]} "

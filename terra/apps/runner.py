@@ -21,13 +21,14 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import OverrideType
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf import DictConfig
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
 import terra.conf
-from terra.apps.help import PAGES, register_help
+from terra.apps.help import PAGES, register_help, register_schemas
 from terra.config.assets import register_resolvers
 from terra.config.checks import did_you_mean, one_line
 from terra.config.extras import check_extras
+from terra.config.schema import refusal
 from terra.core.errors import TerraInputError
 from terra.core.progress import shows_bars
 
@@ -36,6 +37,7 @@ CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs a
 
 register_resolvers()
 register_help()
+register_schemas()
 HELP_FLAGS = ("--help", "-h")
 _STARTED_AT = time.time()  # folders changed since are the run's own (remove_empty_run_dir); set again by run_app
 # Hydra's flags that print and run nothing: an app's extras are not needed for them
@@ -119,6 +121,16 @@ def _hydra_message(err: BaseException, command: str) -> str:
         return (f"cannot parse the override {err.override!r}: quote a value with spaces, non-ASCII letters or "
                 f"special characters for Hydra, e.g. {example}")
     return message
+
+
+def typed_refusal(err: BaseException, prog: str) -> str | None:
+    """The schema field's own line for an override its type refuses (``batch_size=abc``), or None."""
+    cause = err.__cause__
+    page = next((page for page in PAGES.values() if page.prog == prog), None)
+    schema = page.schema_class() if page is not None else None
+    if not isinstance(cause, ValidationError) or schema is None:
+        return None
+    return refusal(schema, str(cause.full_key), cause.value)
 
 
 class _TaskFailed(BaseException):
@@ -268,6 +280,9 @@ def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) ->
         error = err
     finally:
         signal.signal(signal.SIGTERM, previous)
+    refusal = typed_refusal(error, prog) if isinstance(error, HydraException) else None
+    if refusal is not None:
+        error = TerraInputError(refusal)
     if isinstance(error, (HydraException, OmegaConfBaseException)) and not user_wants_traces:
         print(f"{prog}: error: {_hydra_message(error, prog)}; see {prog} --help", file=sys.stderr)
         sys.exit(2)

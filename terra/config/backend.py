@@ -6,7 +6,8 @@ import importlib.util
 from typing import Any, Mapping
 
 from terra.config.checks import Range, check_choice, shown
-from terra.core.device import usable_cores
+from terra.config.schema import setting
+from terra.core.device import check_device, usable_cores
 from terra.core.errors import TerraInputError
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -56,6 +57,18 @@ def check_num_threads(value: Any, name: str = "num_threads") -> int | None:
         raise TerraInputError(f"{name} must be auto, a whole number from 1 to 1024 or null (got {shown(value)}); "
                               f"e.g. {name}=1")
     return THREADS.check(value, name)
+
+
+def num_threads_setting() -> Any:
+    """Every app's ``num_threads`` field."""
+    return setting("auto", "torch CPU threads: auto = half the CPUs this process may use (at least 1), which holds "
+                           "up on a shared machine; N; null = torch's default, one per core (benchmarks/cpu.md, "
+                           "\"Threads\")", check=check_num_threads)
+
+
+def device_setting() -> Any:
+    """Every app's ``device`` field."""
+    return setting("auto", "auto (cuda when available) | cpu | cuda | cuda:N", check=check_device)
 
 
 def check_backend(name: Any, options: Any) -> tuple[str, dict]:

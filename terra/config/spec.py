@@ -9,13 +9,14 @@ import hashlib
 from collections import Counter
 import json
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Dict, Iterable, Mapping, Optional, Union
 
 from omegaconf import DictConfig
 
-from terra.config.backend import DTYPES, check_backend, check_num_threads
+from terra.config.backend import DTYPES, check_backend, check_num_threads, device_setting, num_threads_setting
 from terra.config.checks import MAX_FRAMES, Range, check_choice, check_flag, select
 from terra.config.memory import check_memory
+from terra.config.schema import group, setting
 from terra.config.sampling import SamplingConfig
 from terra.config.snapshot import checkpoint_path
 from terra.core.device import check_device
@@ -85,6 +86,24 @@ def redone_line(reasons: Iterable[str], noun: str) -> str:
     """How many outputs (``noun``) a rerun redoes and why, one line ("" when none)."""
     counts = Counter(reasons)
     return "; ".join(f"{n} {noun}{'s' * (n != 1)} redone: {why}" for why, n in counts.most_common())
+
+
+@dataclass
+class RunConfig:
+    """The settings every model-running app shares (checked by :func:`run_spec`), first in its schema."""
+
+    tokenizer: Dict[str, Any] = group()
+    sampling: Dict[str, Any] = group()
+    model: Dict[str, Any] = group()
+    backend: Dict[str, Any] = group()
+    terra_root: Optional[str] = setting(None, "a download of turing-motors/Terra (world_model/, "
+                                              "lfq_tokenizer_B_256/, ...); see conf/model/terra_v1.yaml")
+    device: str = device_setting()
+    dtype: str = setting("auto", "auto: bf16 on GPU, fp32 on CPU", choices=DTYPES)
+    memory: str = setting("full", "GPU memory the vLLM engine fits to: full (vLLM's defaults) | auto (this card) | "
+                                  "16GiB | 24GiB (a card of that size: FP8 KV / weights where needed; docs/memory.md)")
+    num_threads: Optional[Union[int, str]] = num_threads_setting()
+    num_context: int = setting(3, "context frames; at least 1 and below the world model's window")
 
 
 def run_spec(cfg: DictConfig) -> RunSpec:

@@ -3,31 +3,20 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from omegaconf import DictConfig
 
-from terra.config.checks import SEED, Range, check_choice, check_flag, check_settings, required_path, select, shown
+from terra.config.checks import SEED, Range, required_path, shown
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.config.spec import RunSpec, run_spec
+from terra.config.schema import check_schema, setting
+from terra.config.spec import RunConfig, RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.inputs.trajectory import MANOEUVRE_RANGES, MANOEUVRES
 from terra.sim.scene import DOMAINS
 
 REPORT = "report.json"  # in out_dir, beside each phase's results as it finished
 APP = "terra-evaluate"  # the app whose run folders these are
-SETTINGS = {  # documented in the evaluate config; num_context and num_threads are run_spec's
-    "horizon": Range(1, 1000, 10, whole=True),
-    "seed": SEED,
-    "quality.num_clips": Range(0, 100_000, 32, whole=True),
-    "quality.scene_seed": SEED,
-    "adherence.num_cases": Range(0, 100_000, 20, whole=True),
-    "adherence.scene_seed": SEED,
-    "exclude_training.seed": SEED,
-    "exclude_training.num_clips": Range(0, 1_000_000, 5000, whole=True),
-    "targets.direction_accuracy_pct": Range(0, 100, 90),
-    "targets.mean_psnr_db": Range(0, 100, 20),
-}
 HORIZON = Range(1, 1000, "[4,7,10]", whole=True)  # each of adherence.horizons
 PARAM_RANGES = ("radius_m", "accel_mps2", "change_s")  # adherence's ranges of the pairs' manoeuvre parameters
 PAIRS_EXAMPLE = "adherence.pairs=[[curve_left,curve_right]]"
@@ -35,6 +24,116 @@ PAIRS_EXAMPLE = "adherence.pairs=[[curve_left,curve_right]]"
 
 PHASE_TITLES = {"quality": "frame quality", "adherence": "manoeuvre adherence"}  # in run order: key → name
 PHASE_FILES = tuple(f"{key}.json" for key in PHASE_TITLES)  # in out_dir, beside report.json (evaluation/phases.py)
+
+
+def _range(value: Any, name: str, key: str) -> tuple[float, float]:
+    """A ``[low, high]`` setting of numbers inside manoeuvre parameter ``key``'s range, ``0 < low <= high``."""
+    try:
+        low, high = (float(v) for v in value)
+    except (TypeError, ValueError, OverflowError):
+        raise TerraInputError(
+            f"{name} must be a [low, high] pair of numbers (got {value}); e.g. {name}=[20,40]") from None
+    for bound in (low, high):
+        MANOEUVRE_RANGES[key].check(bound, name)
+    if not 0 < low <= high:
+        raise TerraInputError(f"{name} must satisfy 0 < low <= high (got [{low}, {high}])")
+    return low, high
+
+
+def _manoeuvres(names: Any) -> tuple[str, ...]:
+    """``quality.manoeuvres``: one name, a list of names, or None for every manoeuvre."""
+    if names is None:
+        return MANOEUVRES
+    if not isinstance(names, (str, list)):
+        raise TerraInputError(f"quality.manoeuvres must be a manoeuvre, a list of them or null (got {shown(names)})")
+    names = (names,) if isinstance(names, str) else tuple(str(n) for n in names)
+    if not names:
+        raise TerraInputError("quality.manoeuvres is empty; use null for every manoeuvre")
+    return names
+
+
+def _pairs(pairs: Any) -> tuple[tuple[str, str], ...]:
+    """``adherence.pairs``: a list of two different manoeuvres each (None: no pairs)."""
+    if pairs is not None and not isinstance(pairs, list):
+        raise TerraInputError(f"adherence.pairs must be a list of pairs (got {shown(pairs)}); e.g. {PAIRS_EXAMPLE}")
+    checked = []
+    for pair in pairs or []:
+        if not isinstance(pair, list) or len(pair) != 2 or pair[0] == pair[1]:
+            raise TerraInputError(f"adherence.pairs holds two different manoeuvres per entry (got {pair}); "
+                                  f"e.g. {PAIRS_EXAMPLE}")
+        checked.append((str(pair[0]), str(pair[1])))
+    return tuple(checked)
+
+
+def _horizons(given: Any) -> tuple[int, ...]:
+    if not isinstance(given or [], list):
+        raise TerraInputError(f"adherence.horizons must be a list (got {given!r}); e.g. [4,7,10]")
+    return tuple(HORIZON.check(h, "adherence.horizons") for h in given or [])
+
+
+def _range_of(name: str, key: str) -> Any:
+    return lambda value: _range(value, name, key)
+
+
+@dataclass
+class QualityBlock:
+    num_clips: int = setting(32, "held-out clips whose generated frames are compared with the true ones",
+                             Range(0, 100_000, 32, whole=True))
+    scene_seed: int = setting(10_000_000, "clip i: Scene.generate(scene_seed + i) (training scenes are skipped)",
+                              SEED)
+    manoeuvres: Any = setting(None, "cycled over the clips; null = every manoeuvre", check=_manoeuvres)
+    speed_kmh: Any = setting([15, 60], "initial speed drawn uniformly from this range (the training range); within "
+                                       "0 .. 250", check=_range_of("quality.speed_kmh", "speed_kmh"))
+
+
+@dataclass
+class AdherenceBlock:
+    num_cases: int = setting(20, "cases per pair; a case is correct when both of its rollouts match their command",
+                             Range(0, 100_000, 20, whole=True))
+    scene_seed: int = setting(11_000_000, "case j: Scene.generate(scene_seed + j), starting on the road's first "
+                                          "straight", SEED)
+    pairs: Any = setting([["curve_left", "curve_right"], ["accelerate", "decelerate"]],
+                         "opposite manoeuvres: the same context, opposite commands", check=_pairs)
+    horizons: Any = setting([4, 7, 10], "generated frames (1-based) matched against each candidate's ground-truth "
+                                        "render", check=_horizons)
+    speed_kmh: Any = setting([20, 40], "within 0 .. 250", check=_range_of("adherence.speed_kmh", "speed_kmh"))
+    radius_m: Any = setting([20, 40], "curves; within 2 .. 10000", check=_range_of("adherence.radius_m", "radius_m"))
+    accel_mps2: Any = setting([2, 4], "accelerate / decelerate / stop; within 0 .. 15",
+                              check=_range_of("adherence.accel_mps2", "accel_mps2"))
+    change_s: Any = setting([1.5, 3.0], "lane changes; within 0.5 .. 30",
+                            check=_range_of("adherence.change_s", "change_s"))
+
+
+@dataclass
+class ExcludeBlock:
+    seed: int = setting(0, "terra-make-dataset's seed of the world model's training clips, whose scenes are never "
+                           "used", SEED)
+    num_clips: int = setting(5000, "its clip count", Range(0, 1_000_000, 5000, whole=True))
+
+
+@dataclass
+class TargetsBlock:
+    direction_accuracy_pct: float = setting(90.0, "curve_left/curve_right cases correct", Range(0, 100, 90))
+    mean_psnr_db: float = setting(20.0, "mean PSNR over the first 10 generated frames", Range(0, 100, 20))
+
+
+@dataclass
+class EvaluateConfig(RunConfig):
+    """terra-evaluate's settings."""
+
+    out_dir: Optional[str] = setting("outputs/eval/${now:%Y-%m-%d}/${now:%H-%M-%S}",
+                                     "report.json goes here (checked writable first), and each phase's results as "
+                                     "it ends: a run into it reuses those of equal inputs (docs/score.md)")
+    horizon: int = setting(10, "frames generated after the context (metrics per step 1..horizon)",
+                           Range(1, 1000, 10, whole=True))
+    seed: int = setting(0, "rollout k of a metric's batch samples with seed + k (irrelevant when greedy)", SEED)
+    progress: bool = setting(True, "a bar while generating on a terminal; in a log a line a minute with the time left")
+    domain: str = setting("day", "the scenes of both measurements: day is the demo models' world", choices=DOMAINS)
+    quality: QualityBlock = setting(QualityBlock(), "")
+    adherence: AdherenceBlock = setting(AdherenceBlock(), "")
+    exclude_training: ExcludeBlock = setting(ExcludeBlock(), "")
+    targets: TargetsBlock = setting(TargetsBlock(), "")
+
 
 
 @dataclass(frozen=True)
@@ -103,73 +202,26 @@ class EvaluateSpec:
 
 def evaluate_spec(cfg: DictConfig) -> EvaluateSpec:
     """Every setting of `evaluate` checked once, without importing torch, and ``out_dir`` claimed."""
-    values = check_settings(cfg, SETTINGS)
+    values = check_schema(cfg, EvaluateConfig)
     if values["quality.num_clips"] == 0 and values["adherence.num_cases"] == 0:
         raise TerraInputError("nothing to evaluate: set quality.num_clips or adherence.num_cases above 0")
-    manoeuvres = _manoeuvres(select(cfg, "quality.manoeuvres"))
-    pairs = _pairs(select(cfg, "adherence.pairs"))
+    manoeuvres, pairs = values["quality.manoeuvres"], values["adherence.pairs"]
     for name in manoeuvres + tuple(n for pair in pairs for n in pair):
         if name not in MANOEUVRES:
             raise TerraInputError(f"unknown manoeuvre {name!r}; choose from: {', '.join(MANOEUVRES)}")
     if values["adherence.num_cases"] > 0 and not pairs:
         raise TerraInputError(f"adherence.pairs is empty; e.g. {PAIRS_EXAMPLE}")
-    given = select(cfg, "adherence.horizons") or []
-    if not isinstance(given, list):
-        raise TerraInputError(f"adherence.horizons must be a list (got {given!r}); e.g. [4,7,10]")
-    horizons = tuple(HORIZON.check(h, "adherence.horizons") for h in given)
-    speed = _range(select(cfg, "adherence.speed_kmh"), "adherence.speed_kmh", "speed_kmh")
-    params = {key: _range(select(cfg, f"adherence.{key}"), f"adherence.{key}", key) for key in PARAM_RANGES}
+    params = {key: values[f"adherence.{key}"] for key in PARAM_RANGES}
     quality = QualitySpec(values["quality.num_clips"], values["quality.scene_seed"], manoeuvres,
-                          _range(select(cfg, "quality.speed_kmh"), "quality.speed_kmh", "speed_kmh"))
-    adherence = AdherenceSpec(values["adherence.num_cases"], values["adherence.scene_seed"], pairs, horizons, speed,
-                              params)
-    domain = check_choice(select(cfg, "domain"), "domain", DOMAINS)
-    progress = check_flag(select(cfg, "progress"), "progress")
+                          values["quality.speed_kmh"])
+    adherence = AdherenceSpec(values["adherence.num_cases"], values["adherence.scene_seed"], pairs,
+                              values["adherence.horizons"], values["adherence.speed_kmh"], params)
     run = run_spec(cfg)
     output = claim_output_dir(required_path(cfg, "out_dir", f"{REPORT} goes there"), "out_dir",
                               files=[REPORT, *PHASE_FILES],
                               inputs=[("world model", run.world_model), ("tokenizer", run.tokenizer)], app=APP)
     return EvaluateSpec(
-        run, output, values["horizon"], values["seed"], progress, domain, quality, adherence,
+        run, output, values["horizon"], values["seed"], values["progress"], values["domain"], quality, adherence,
         ExcludedTraining(values["exclude_training.seed"], values["exclude_training.num_clips"]),
         Targets(values["targets.direction_accuracy_pct"], values["targets.mean_psnr_db"]),
     )
-
-
-def _range(value: Any, name: str, key: str) -> tuple[float, float]:
-    """A ``[low, high]`` setting of numbers inside manoeuvre parameter ``key``'s range, ``0 < low <= high``."""
-    try:
-        low, high = (float(v) for v in value)
-    except (TypeError, ValueError, OverflowError):
-        raise TerraInputError(
-            f"{name} must be a [low, high] pair of numbers (got {value}); e.g. {name}=[20,40]") from None
-    for bound in (low, high):
-        MANOEUVRE_RANGES[key].check(bound, name)
-    if not 0 < low <= high:
-        raise TerraInputError(f"{name} must satisfy 0 < low <= high (got [{low}, {high}])")
-    return low, high
-
-
-def _manoeuvres(names: Any) -> tuple[str, ...]:
-    """``quality.manoeuvres``: one name, a list of names, or None for every manoeuvre."""
-    if names is None:
-        return MANOEUVRES
-    if not isinstance(names, (str, list)):
-        raise TerraInputError(f"quality.manoeuvres must be a manoeuvre, a list of them or null (got {shown(names)})")
-    names = (names,) if isinstance(names, str) else tuple(str(n) for n in names)
-    if not names:
-        raise TerraInputError("quality.manoeuvres is empty; use null for every manoeuvre")
-    return names
-
-
-def _pairs(pairs: Any) -> tuple[tuple[str, str], ...]:
-    """``adherence.pairs``: a list of two different manoeuvres each (None: no pairs)."""
-    if pairs is not None and not isinstance(pairs, list):
-        raise TerraInputError(f"adherence.pairs must be a list of pairs (got {shown(pairs)}); e.g. {PAIRS_EXAMPLE}")
-    checked = []
-    for pair in pairs or []:
-        if not isinstance(pair, list) or len(pair) != 2 or pair[0] == pair[1]:
-            raise TerraInputError(f"adherence.pairs holds two different manoeuvres per entry (got {pair}); "
-                                  f"e.g. {PAIRS_EXAMPLE}")
-        checked.append((str(pair[0]), str(pair[1])))
-    return tuple(checked)

@@ -5,41 +5,64 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
-from terra.config.backend import DTYPES, check_num_threads
-from terra.config.checks import Range, check_choice, check_flag, required_path, select, shown
+from terra.config.backend import DTYPES, device_setting, num_threads_setting
+from terra.config.checks import Range, required_path, select, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import claim_output_dir
-from terra.core.device import check_device
+from terra.config.schema import check_schema, setting
 from terra.core.errors import TerraInputError
 from terra.scoring.report import FILES
 from terra.config.actbench import MAX_SAMPLES_BYTES
 from terra.scoring.samples import sample_files
 
 APP = "terra-score"  # the app whose run folders these are
-RANGES = {
-    "batch_size": Range(1, 1024, 16, whole=True),
-    "num_workers": Range(0, 256, 8, whole=True),
-}
 NEEDED = {"av": "PyAV (video decoding)", "matplotlib": "matplotlib (the confusion matrix)"}
+
+
+@dataclass
+class ScoreConfig:
+    """terra-score's settings."""
+
+    videos: Optional[str] = setting(None, "folder of <name>_<sample_id>.mp4 (output.naming=actbench of "
+                                          "terra-rollout, or ACT-Bench's published generated_videos/terra/v1, "
+                                          ".../v2, generated_videos/vista)")
+    samples: Optional[str] = setting(None, "ACT-Bench's act_bench.jsonl (sample_id, label, reference_traj, ...), "
+                                           "or a folder of *.jsonl")
+    estimator: Optional[str] = setting(None, "folder with config.json and model.safetensors (or pytorch_model.bin "
+                                             "/ model.bin / model.pt): a download of the Hub repo "
+                                             "turing-motors/ACT-Estimator")
+    output_dir: Optional[str] = setting(None, "summary.json, results.jsonl, confusion_matrix.png go here (a rerun "
+                                              "replaces them; apart from the inputs)")
+    batch_size: int = setting(16, "videos per estimator call", Range(1, 1024, 16, whole=True))
+    num_workers: int = setting(8, "DataLoader workers decoding and preprocessing videos (0: in this process); at "
+                                  "most the CPUs this process may use", Range(0, 256, 8, whole=True))
+    device: str = device_setting()
+    dtype: str = setting("auto", "auto: bf16 autocast on a GPU, as ACT-Bench; fp32 on a CPU", choices=DTYPES[:3])
+    num_threads: Optional[Union[int, str]] = num_threads_setting()
+    progress: bool = setting(True, "a bar over the videos on a terminal (in a log a line a minute) and a line per "
+                                   "stage")
+    dry_run: bool = setting(False, "true: check samples, videos (matched, frames counted) and the estimator folder "
+                                   "without loading its weights, report what is missing (exit 2 if anything is); "
+                                   "output_dir not needed")
 
 
 @dataclass(frozen=True)
 class ScoringSettings:
     """What :func:`terra.scoring.run.score` needs, checked."""
 
-    videos: Path  # folder of <name>_<sample_id>.mp4
-    samples: tuple[Path, ...]  # JSONL files of ACT-Bench samples
-    estimator: Path | None  # folder: config.json + weights (a dry run may have none)
-    output_dir: Path | None  # absolute; summary.json, results.jsonl, confusion_matrix.png (None: a dry run)
+    videos: Path
+    samples: tuple[Path, ...]
+    estimator: Path | None  # a dry run may have none
+    output_dir: Path | None  # absolute (None: a dry run)
     batch_size: int = 16
-    num_workers: int = 8  # DataLoader workers decoding videos (0: in this process; at most the CPUs usable)
-    device: str = "auto"  # auto | cpu | cuda | cuda:N
-    dtype: str = "auto"  # auto (bf16 autocast on a GPU, fp32 on a CPU) | float32 | bfloat16
+    num_workers: int = 8
+    device: str = "auto"
+    dtype: str = "auto"
     progress: bool = True
-    num_threads: int | None = None  # torch CPU threads (the app's auto, resolved); None: torch's default
-    dry_run: bool = False  # check samples, videos and the estimator folder only
+    num_threads: int | None = None  # the app's auto, resolved
+    dry_run: bool = False
 
 
 def _folder(cfg: Any, name: str, what: str) -> Path:
@@ -54,8 +77,8 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
     missing = [what for module, what in NEEDED.items() if importlib.util.find_spec(module) is None]
     if missing:
         raise TerraInputError(f"scoring needs {' and '.join(missing)}: pip install 'terra-world-model[score]'")
-    values = {key: limits.check(select(cfg, key), key) for key, limits in RANGES.items()}
-    dry_run = check_flag(select(cfg, "dry_run"), "dry_run")
+    values = check_schema(cfg, ScoreConfig)
+    dry_run = values["dry_run"]
     videos = _folder(cfg, "videos", "the generated videos, <name>_<sample_id>.mp4")
     estimator_help = "config.json and model.safetensors: hf download turing-motors/ACT-Estimator --local-dir " \
                      "ACT-Estimator"
@@ -76,7 +99,6 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
     return ScoringSettings(
         videos=videos, samples=files, estimator=estimator, output_dir=output_dir, dry_run=dry_run,
         batch_size=values["batch_size"], num_workers=values["num_workers"],
-        device=check_device(select(cfg, "device")), dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES[:3]),
-        progress=check_flag(select(cfg, "progress"), "progress"),
-        num_threads=check_num_threads(select(cfg, "num_threads")),  # auto, as every app
+        device=values["device"], dtype=values["dtype"], progress=values["progress"],
+        num_threads=values["num_threads"],
     )

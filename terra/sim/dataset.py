@@ -12,13 +12,15 @@ import os
 import shutil
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping, Optional
 
 import numpy as np
 
 from terra.config.checks import MAX_FRAMES, Range, SEED, check_choice, check_flag, one_line, shown
 from terra.config.output_dir import claim_output_dir
+from terra.config.schema import setting
 from terra.contract.actions import FRAME_RATE_HZ
 from terra.core.atomic import atomic_path, json_text, mark, marked, write_text
 from terra.core.device import usable_cores
@@ -116,6 +118,32 @@ SIZES = {  # terra-make-dataset's sizes (and write_dataset's, write_driving_logs
     "workers": Range(0, 1024, 0, whole=True),
 }
 MAX_HELD_BYTES = 8 << 30  # the frames one writer renders before it writes them: a shard's, or a clip folder's
+
+
+@dataclass
+class MakeDatasetConfig:
+    """terra-make-dataset's settings."""
+
+    format: str = setting("shards", "shards: npz shards + meta.json; driving_logs: a folder per clip with PNG frames "
+                                    "and trajectory.csv, for terra-prepare-logs", choices=("shards", "driving_logs"))
+    out_dir: Optional[str] = setting("data/clips", "must not hold a dataset yet (a rerun of an interrupted run "
+                                                   "finishes it: docs/train.md)")
+    recipe: str = setting("manoeuvres", "manoeuvres: 2 s clips of single manoeuvres and lane keeping; long_drives: "
+                                        "20 s drives with what closed-loop policies do (drifts, lane changes, leaving "
+                                        "the road, stops, weaving, manoeuvre chains); recoveries: long drives' "
+                                        "stretches whose first 3 to num_frames-1 frames are seen from off the car's "
+                                        "pose (num_frames=16, the world model's window, for data.recoveries)",
+                          choices=tuple(RECIPES))
+    domain: str = setting("day", "day: the demo models' world; night; left_hand: mirrored, driven on the left",
+                          choices=DOMAINS)
+    num_clips: int = setting(1000, "clips to render", SIZES["num_clips"])
+    num_frames: int = setting(25, "frames per clip at 10 Hz (Terra's window: 25)", SIZES["num_frames"])
+    height: int = setting(144, "frame height in pixels", SIZES["height"])
+    width: int = setting(256, "frame width in pixels", SIZES["width"])
+    seed: int = setting(0, "clip i is drawn from numpy.random.default_rng([seed, i])", SIZES["seed"])
+    clips_per_shard: int = setting(64, "format=shards only", SIZES["clips_per_shard"])
+    workers: int = setting(0, "processes; 0 = one per CPU core", SIZES["workers"])
+    compress: bool = setting(True, "format=shards only: npz deflate, about 4x smaller, slower to read")
 
 
 def write_dataset(

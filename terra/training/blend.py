@@ -4,19 +4,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
 from omegaconf import DictConfig
 
-from terra.config.checks import Range, check_choice, check_file_size, required_path, select
+from terra.config.checks import Range, check_file_size, required_path
 from terra.config.output_dir import claim_output_dir
+from terra.config.schema import check_schema, setting
 from terra.core.errors import TerraInputError
 
 APP = "terra-blend"  # the app whose folders blends are
-WEIGHT = Range(0, 1, 0.8)
-DTYPES = ("bfloat16", "float32")
 # config.json keys that say how a file was written, not what the model is
 BOOKKEEPING = ("_name_or_path", "transformers_version", "dtype", "torch_dtype", "use_cache")
+
+
+@dataclass
+class BlendConfig:
+    """terra-blend's settings."""
+
+    base: Optional[str] = setting(None, "the checkpoint the fine-tune started from (its init=, or model=terra_v1's "
+                                        "world model folder)")
+    tuned: Optional[str] = setting(None, "the fine-tuned world model (a training run's model/ or best/)")
+    weight: float = setting(0.8, "the fine-tune's share: 0 writes base, 1 writes tuned", Range(0, 1, 0.8))
+    output_dir: Optional[str] = setting(None, "the blend's folder, replaced whole (atomically): new, empty or an "
+                                              "earlier blend")
+    dtype: str = setting("bfloat16", "the blend is computed in float32", choices=("bfloat16", "float32"))
+    max_shard_size: Union[int, str] = setting("15MB", "weight files stay below this (a larger single tensor gets "
+                                                      "its own)", check=lambda v: check_file_size(v, "max_shard_size"))
 
 
 @dataclass(frozen=True)
@@ -42,11 +56,9 @@ def blend_spec(cfg: DictConfig) -> BlendSpec:
                               files=["config.json", "model.safetensors"], replaced=True,
                               inputs=[(f"{key} model's folder", folder) for key, folder in folders.items()],
                               app=APP).path
-    return BlendSpec(
-        base=folders["base"], tuned=folders["tuned"], weight=float(WEIGHT.check(select(cfg, "weight"), "weight")),
-        output=output, dtype=check_choice(select(cfg, "dtype"), "dtype", DTYPES),
-        max_shard_size=check_file_size(select(cfg, "max_shard_size"), "max_shard_size"),
-    )
+    values = check_schema(cfg, BlendConfig)
+    return BlendSpec(base=folders["base"], tuned=folders["tuned"], weight=values["weight"], output=output,
+                     dtype=values["dtype"], max_shard_size=values["max_shard_size"])
 
 
 def blend(spec: BlendSpec) -> dict[str, Any]:

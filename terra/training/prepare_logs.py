@@ -8,28 +8,19 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Dict, Iterable, Optional, Union
 
 import numpy as np
 from omegaconf import DictConfig
 
-from terra.config.backend import check_num_threads
-from terra.config.checks import (
-    MAX_FRAMES,
-    Range,
-    check_choice,
-    check_flag,
-    check_settings,
-    one_line,
-    required_path,
-    select,
-)
+from terra.config.backend import device_setting, num_threads_setting
+from terra.config.checks import MAX_FRAMES, Range, check_choice, one_line, required_path
 from terra.config.files import content_digest
 from terra.config.output_dir import OutputDir, claim_output_dir
+from terra.config.schema import check_schema, group, setting
 from terra.config.snapshot import checkpoint_path
 from terra.config.spec import changed_inputs, fingerprint
 from terra.contract.actions import FRAME_RATE_HZ
-from terra.core.device import check_device
 from terra.core.errors import TerraInputError
 from terra.core.media import VIDEO_SUFFIXES
 from terra.inputs.driving_logs import (
@@ -51,13 +42,37 @@ from terra.training.shards import INDEX_FILE, SHARD_FILES, ShardIndex, open_shar
 # a clip as written into a shard: id, codes [T, h, w], actions [T, 6, 3], routes [T, 16, 3] or None
 PreparedClip = tuple[str, np.ndarray, np.ndarray, "np.ndarray | None"]
 APP = "terra-prepare-logs"  # the app whose run folders these are
-RANGES = {
-    "min_frames": Range(2, MAX_FRAMES, 2, whole=True),
-    "val_fraction": Range(0, 0.5, 0.05),
-    "shard_clips": Range(1, 100_000, 64, whole=True),
-    "batch_size": Range(1, 4096, 64, whole=True),
-    "read_threads": Range(1, 256, 8, whole=True),
-}
+
+
+@dataclass
+class PrepareLogsConfig:
+    """terra-prepare-logs' settings."""
+
+    tokenizer: Dict[str, Any] = group()
+    sampling: Dict[str, Any] = group()
+    model: Dict[str, Any] = group()
+    terra_root: Optional[str] = setting(None, "a download of turing-motors/Terra (lfq_tokenizer_B_256/, ...); see "
+                                              "conf/model/terra_v1.yaml")
+    logs: Optional[str] = setting(None, "folder of clip folders (each: *.jpg|*.jpeg|*.png frames or one *.mp4, and "
+                                        "trajectory.json|csv|npy)")
+    output_dir: Optional[str] = setting(None, "shard folder: index.json + {train,val}-NNNNN.safetensors; rerun the "
+                                              "same command to resume")
+    frame_rate_hz: float = setting(10.0, "frames per second of image clips without timestamps.txt", RATE_HZ)
+    min_frames: int = setting(2, "clips with fewer frames at 10 Hz are skipped (training needs 2 or more)",
+                              Range(2, MAX_FRAMES, 2, whole=True))
+    val_fraction: float = setting(0.05, "share of clips in the val split, by a hash of the clip id",
+                                  Range(0, 0.5, 0.05))
+    shard_clips: int = setting(64, "clips per shard file", Range(1, 100_000, 64, whole=True))
+    batch_size: int = setting(64, "frames per tokenizer call", Range(1, 4096, 64, whole=True))
+    read_threads: int = setting(8, "threads reading and resizing a batch's frames", Range(1, 256, 8, whole=True))
+    device: str = device_setting()
+    num_threads: Optional[Union[int, str]] = num_threads_setting()
+    routes: str = setting("road", "each frame's route in the shards: road = the clip's road.json | road.csv | "
+                                  "clipgt/ | clipgt.zip where it has one (none without); driven_path = the car's own "
+                                  "path ahead: it tells the model where the car goes; only where no map exists "
+                                  "(docs/train.md)", choices=ROUTE_SOURCES)
+    progress: bool = setting(True, "bars on a terminal (clips with an ETA, frames tokenized); in a log a line a "
+                                   "minute")
 
 
 @dataclass(frozen=True)
@@ -102,7 +117,7 @@ class PrepareSummary:
 
 def prepare_spec(cfg: DictConfig) -> PrepareSpec:
     """Every setting of ``prepare_driving_logs`` checked once, without importing torch."""
-    values = check_settings(cfg, RANGES)
+    values = check_schema(cfg, PrepareLogsConfig)
     logs = required_path(cfg, "logs", "the folder of clip folders")
     if not logs.is_dir():
         raise TerraInputError(f"logs={logs} is not a folder; pass logs=DIR, a folder of clip folders")
@@ -110,7 +125,7 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
     if not clips:
         raise TerraInputError(f"logs={logs} holds no clip folders; put each clip's frames or video and its "
                               "trajectory in a sub-folder of its own")
-    routes = check_choice(select(cfg, "routes"), "routes", ROUTE_SOURCES)
+    routes = values["routes"]
     tokenizer = checkpoint_path(cfg, "tokenizer", "path")
     output = claim_output_dir(required_path(cfg, "output_dir", "the shard folder"), "output_dir",
                               files=[INDEX_FILE, *SHARD_FILES],
@@ -123,13 +138,9 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
                               "each road as road.json / road.csv)")
     return PrepareSpec(
         logs=logs, clips=clips, output=output, tokenizer=tokenizer,
-        device=check_device(select(cfg, "device")),
         resize=check_choice(cfg.tokenizer.get("resize", "crop"), "tokenizer.resize", RESIZE_MODES),
-        frame_rate_hz=RATE_HZ.check(select(cfg, "frame_rate_hz"), "frame_rate_hz"),
-        min_frames=values["min_frames"], val_fraction=values["val_fraction"], shard_clips=values["shard_clips"],
-        batch_size=values["batch_size"], read_threads=values["read_threads"],
-        progress=check_flag(select(cfg, "progress"), "progress"), routes=routes,
-        num_threads=check_num_threads(select(cfg, "num_threads")),
+        **{key: values[key] for key in ("device", "frame_rate_hz", "min_frames", "val_fraction", "shard_clips",
+                                        "batch_size", "read_threads", "progress", "routes", "num_threads")},
     )
 
 

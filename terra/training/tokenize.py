@@ -4,22 +4,34 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
 import numpy as np
 
 from terra.config.assets import DEMO
-from terra.config.backend import check_num_threads
-from terra.config.checks import Range, required_path, select
+from terra.config.backend import device_setting, num_threads_setting
+from terra.config.checks import Range, required_path
 from terra.config.output_dir import claim_output_file
 from terra.contract.actions import NUM_ACTION_TOKENS
-from terra.core.device import check_device
+from terra.config.schema import check_schema, setting
 from terra.core.errors import TerraInputError
 from terra.core.progress import Progress
 from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips
 
-BATCH_SIZE = Range(1, 65536, 64, whole=True)
+
+
+@dataclass
+class TokenizeConfig:
+    """terra-tokenize's settings."""
+
+    dataset: Optional[str] = setting("data/clips", "folder written by terra-make-dataset")
+    tokenizer_path: Optional[str] = setting(None, "saved tokenizer (folder with config.json + model.safetensors), "
+                                                  "e.g. the demo's, terra/assets/demo/tokenizer")
+    out: Optional[str] = setting("data/tokens.safetensors", "the tokenized-clips file to write")
+    batch_size: int = setting(64, "frames per encoder call", Range(1, 65536, 64, whole=True))
+    device: str = device_setting()
+    num_threads: Optional[Union[int, str]] = num_threads_setting()
 
 
 @dataclass(frozen=True)
@@ -38,10 +50,10 @@ def tokenize_spec(cfg: Any) -> TokenizeSpec:
                                                      f"tokenizer_path={DEMO / 'tokenizer'}")
     if not tokenizer.exists():
         raise TerraInputError(f"tokenizer {tokenizer} does not exist; pass tokenizer_path=<saved tokenizer folder>")
-    return TokenizeSpec(required_path(cfg, "dataset", "a clip dataset folder"), tokenizer,
-                        required_path(cfg, "out", "the tokenized-clips file to write", "FILE"),
-                        BATCH_SIZE.check(select(cfg, "batch_size"), "batch_size"), check_device(select(cfg, "device")),
-                        check_num_threads(select(cfg, "num_threads")))
+    dataset = required_path(cfg, "dataset", "a clip dataset folder")
+    out = required_path(cfg, "out", "the tokenized-clips file to write", "FILE")
+    values = check_schema(cfg, TokenizeConfig)
+    return TokenizeSpec(dataset, tokenizer, out, values["batch_size"], values["device"], values["num_threads"])
 
 
 def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,

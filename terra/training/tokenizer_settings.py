@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig
 
-from terra.config.checks import (SEED, Range, check_choice, check_flag, check_settings, plain, required_path, select,
-                                 shown)
+from terra.config.backend import device_setting
+from terra.config.checks import SEED, Range, plain, required_path
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.core.device import check_device
+from terra.config.schema import check_schema, setting
 from terra.core.errors import TerraInputError
 from terra.training.settings import DTYPES, check_betas
 
@@ -23,36 +23,90 @@ APP = "terra-train-tokenizer"  # the app whose run folders these are
 SYNTHETIC_FRAMES = "synthetic_*.npy"  # data.source=synthetic: the rendered frames, cached
 EXPORT_FILES = ("config.json", "model.safetensors")
 
-DATA_RANGES = {
-    "data.num_frames": Range(1, 10**7, 20000, whole=True),
-    "data.workers": Range(1, 1024, 8, whole=True),
-    "data.seed": Range(0, 2**32 - 1, 0, whole=True),  # seed * 1_000_003 + step seeds torch's 64-bit generator
-    "data.device_cache_gb": Range(0, 10**6, 8.0),
-}
-TRAIN_RANGES = {
-    "train.seed": SEED,
-    "train.batch_size": Range(1, 65536, 32, whole=True),
-    "train.max_steps": Range(1, 10**8, 20000, whole=True),
-    "train.max_minutes": Range(0, 10**7, 9, low_open=True, nullable=True),
-    "train.lr": Range(0, 1, 2e-4, low_open=True),
-    "train.min_lr_ratio": Range(0, 1, 0.1),
-    "train.warmup_steps": Range(0, 10**7, 500, whole=True),
-    "train.weight_decay": Range(0, 10, 0.0),
-    "train.grad_clip": Range(0, 10**6, 1.0, low_open=True, nullable=True),
-    "train.ema_decay": Range(0, 0.999999, 0.999, low_open=True, nullable=True),
-    "train.log_every": Range(1, 10**8, 50, whole=True),
-    "train.checkpoint_every": Range(1, 10**8, 1000, whole=True),
-    "train.eval_frames": Range(1, 4096, 16, whole=True),
-}
-LOSS_RANGES = {f"loss.{name}": Range(0, 10**6, example) for name, example in
-               (("l1", 1.0), ("l2", 0.0), ("gradient", 0.1), ("quantizer", 1.0))}
-DISC_RANGES = {
-    "disc.start_step": Range(0, 10**8, 5000, whole=True),
-    "disc.weight": Range(0, 10**6, 0.1),
-    "disc.lr": Range(0, 1, 2e-4, low_open=True),
-    "disc.ch": Range(16, 4096, 64, whole=True),
-    "disc.layers": Range(1, 8, 3, whole=True),
-}
+
+
+@dataclass
+class ModelBlock:
+    family: str = setting("lfq", "the tokenizer family (train_tokenizer/model= picks one with its config)",
+                          choices=FAMILIES)
+    config: Dict[str, Any] = setting({}, "the family's network settings (conf/train_tokenizer/model/)")
+
+
+@dataclass
+class DataBlock:
+    source: str = setting("synthetic", "synthetic: terra.sim's frames; folder: images, folders, globs, videos",
+                          choices=SOURCES)
+    path: Optional[str] = setting(None, "source=folder: a folder, glob or video file")
+    num_frames: int = setting(20000, "source=synthetic: frames rendered once and cached in the output folder",
+                              Range(1, 10**7, 20000, whole=True))
+    workers: int = setting(8, "processes rendering synthetic frames", Range(1, 1024, 8, whole=True))
+    # seed * 1_000_003 + step seeds torch's 64-bit generator
+    seed: int = setting(0, "the synthetic frames' and the batches'", Range(0, 2**32 - 1, 0, whole=True))
+    hflip: bool = setting(True, "random horizontal flips")
+    device_cache_gb: float = setting(8.0, "keep the uint8 frames on the GPU when they fit in this many GiB",
+                                     Range(0, 10**6, 8.0))
+
+
+@dataclass
+class TrainBlock:
+    output_dir: Optional[str] = setting("outputs/tokenizer", "checkpoint/, train_log.jsonl, summary.json")
+    export_dir: Optional[str] = setting("${train.output_dir}/final", "the trained tokenizer (EMA weights when "
+                                                                     "ema_decay is set)")
+    export_dtype: str = setting("float32", "bfloat16 halves the file; it loads back as float32", choices=DTYPES)
+    device: str = device_setting()
+    seed: int = setting(0, "the run's", SEED)
+    batch_size: int = setting(32, "frames per step", Range(1, 65536, 32, whole=True))
+    max_steps: int = setting(20000, "steps in all", Range(1, 10**8, 20000, whole=True))
+    max_minutes: Optional[float] = setting(None, "wall-clock budget of this invocation (null: none); the next one "
+                                                 "resumes", Range(0, 10**7, 9, low_open=True, nullable=True))
+    resume: bool = setting(True, "continue from the checkpoint in output_dir")
+    lr: float = setting(2.0e-4, "peak learning rate", Range(0, 1, 2e-4, low_open=True))
+    min_lr_ratio: float = setting(0.1, "the cosine schedule's floor, as a share of lr", Range(0, 1, 0.1))
+    warmup_steps: int = setting(500, "linear warm-up", Range(0, 10**7, 500, whole=True))
+    betas: List[float] = setting([0.5, 0.9], "AdamW's, two numbers in [0, 1)",
+                                 check=lambda value: check_betas(value, "train.betas"))
+    weight_decay: float = setting(0.0, "AdamW's", Range(0, 10, 0.0))
+    grad_clip: Optional[float] = setting(1.0, "gradient-norm clip (null: none)",
+                                         Range(0, 10**6, 1.0, low_open=True, nullable=True))
+    ema_decay: Optional[float] = setting(0.999, "null: no EMA", Range(0, 0.999999, 0.999, low_open=True,
+                                                                      nullable=True))
+    bf16: bool = setting(True, "autocast on CUDA only")
+    compile: bool = setting(False, "torch.compile the tokenizer (pays off only for long runs)")
+    log_every: int = setting(50, "steps between log lines", Range(1, 10**8, 50, whole=True))
+    checkpoint_every: int = setting(1000, "steps between checkpoints", Range(1, 10**8, 1000, whole=True))
+    eval_frames: int = setting(16, "fixed frames whose reconstruction L1/PSNR is logged at start and end",
+                               Range(1, 4096, 16, whole=True))
+
+
+@dataclass
+class LossBlock:
+    l1: float = setting(1.0, "weight of the L1 reconstruction loss", Range(0, 10**6, 1.0))
+    l2: float = setting(0.0, "weight of the L2 reconstruction loss", Range(0, 10**6, 0.0))
+    gradient: float = setting(0.1, "L1 of image gradients (a download-free sharpness term; no LPIPS)",
+                              Range(0, 10**6, 0.1))
+    quantizer: float = setting(1.0, "weight of the family's codebook/commitment/entropy losses", Range(0, 10**6, 1.0))
+
+
+@dataclass
+class DiscBlock:
+    enabled: bool = setting(False, "a PatchGAN discriminator with a hinge loss")
+    start_step: int = setting(5000, "the step it starts at", Range(0, 10**8, 5000, whole=True))
+    weight: float = setting(0.1, "its loss's weight", Range(0, 10**6, 0.1))
+    lr: float = setting(2.0e-4, "its learning rate", Range(0, 1, 2e-4, low_open=True))
+    ch: int = setting(64, "a multiple of 16", Range(16, 4096, 64, whole=True))
+    layers: int = setting(3, "stride-2 layers, so frames of at least 3·2^layers pixels a side",
+                          Range(1, 8, 3, whole=True))
+
+
+@dataclass
+class TrainTokenizerConfig:
+    """terra-train-tokenizer's settings."""
+
+    model: ModelBlock = setting(ModelBlock(), "")
+    data: DataBlock = setting(DataBlock(), "")
+    train: TrainBlock = setting(TrainBlock(), "")
+    loss: LossBlock = setting(LossBlock(), "")
+    disc: DiscBlock = setting(DiscBlock(), "")
 
 
 @dataclass(frozen=True)
@@ -139,59 +193,38 @@ class TokenizerTrainSpec:
 
 def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
     """Check settings once and return them as a :class:`TokenizerTrainSpec` (no torch)."""
-    model, data = _model(cfg), _frames(cfg)
-    loss = LossWeights(**_checked(cfg, LOSS_RANGES))
-    disc = _disc(cfg) if check_flag(select(cfg, "disc.enabled"), "disc.enabled") else None
-    return TokenizerTrainSpec(model=model, data=data, train=_run(cfg, data), loss=loss, disc=disc, record=plain(cfg))
+    values = check_schema(cfg, TrainTokenizerConfig)
+    model, data = TokenizerModelSpec(**block(values, "model")), _frames(block(values, "data"))
+    disc = _disc(block(values, "disc")) if values["disc.enabled"] else None
+    return TokenizerTrainSpec(model=model, data=data, train=_run(cfg, block(values, "train"), data),
+                              loss=LossWeights(**block(values, "loss")), disc=disc, record=plain(cfg))
 
 
-def _checked(cfg: DictConfig, ranges: dict[str, Range]) -> dict[str, Any]:
-    return {key.partition(".")[2]: value for key, value in check_settings(cfg, ranges).items()}
+def block(values: dict[str, Any], name: str) -> dict[str, Any]:
+    """The checked settings of block ``name``, by their keys in it."""
+    return {key.partition(".")[2]: value for key, value in values.items() if key.startswith(f"{name}.")}
 
 
-def _model(cfg: DictConfig) -> TokenizerModelSpec:
-    family = check_choice(select(cfg, "model.family"), "model.family", FAMILIES)
-    config = select(cfg, "model.config")
-    if not isinstance(config, dict):
-        raise TerraInputError(f"model.config must be a mapping of the {family} tokenizer's settings (got "
-                              f"{shown(config)}); pick one with train_tokenizer/model= (conf/train_tokenizer/model/)")
-    return TokenizerModelSpec(family, config)
-
-
-def _frames(cfg: DictConfig) -> FramesSpec:
-    source = check_choice(select(cfg, "data.source"), "data.source", SOURCES)
-    path = select(cfg, "data.path") if source == "folder" else None
-    if source == "folder" and (path is None or path == ""):
+def _frames(values: dict[str, Any]) -> FramesSpec:
+    if values["source"] == "folder" and not values["path"]:
         raise TerraInputError("data.path is required with data.source=folder; pass a folder, glob or video")
-    if path is not None and not isinstance(path, str):
-        raise TerraInputError(f"data.path must be a folder, glob or video file (got {shown(path)})")
-    values = _checked(cfg, DATA_RANGES)
-    return FramesSpec(source=source, path=path, hflip=check_flag(select(cfg, "data.hflip"), "data.hflip"), **values)
+    path = values["path"] if values["source"] == "folder" else None
+    return FramesSpec(**{**values, "path": path})
 
 
-def _run(cfg: DictConfig, data: FramesSpec) -> TrainingRun:
-    values = _checked(cfg, TRAIN_RANGES)
+def _run(cfg: DictConfig, values: dict[str, Any], data: FramesSpec) -> TrainingRun:
     inputs = [("data.path", data.path)]
     output = claim_output_dir(required_path(cfg, "train.output_dir", "the run folder"), "train.output_dir",
                               files=[LOG, SUMMARY, SYNTHETIC_FRAMES],
                               whole=[CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"], inputs=inputs, app=APP)
     export = claim_output_dir(required_path(cfg, "train.export_dir", "the trained tokenizer's folder"),
                               "train.export_dir", files=EXPORT_FILES, inputs=inputs, app=APP)
-    return TrainingRun(
-        output=output, export=export, export_dir=str(select(cfg, "train.export_dir")),
-        export_dtype=check_choice(select(cfg, "train.export_dtype"), "train.export_dtype", DTYPES),
-        device=check_device(select(cfg, "train.device")),
-        resume=check_flag(select(cfg, "train.resume"), "train.resume"),
-        betas=check_betas(select(cfg, "train.betas"), "train.betas"),
-        bf16=check_flag(select(cfg, "train.bf16"), "train.bf16"),
-        compile=check_flag(select(cfg, "train.compile"), "train.compile"),
-        **values,
-    )
+    values = {key: value for key, value in values.items() if key != "output_dir"}
+    return TrainingRun(output=output, export=export, **{**values, "export_dir": str(values["export_dir"])})
 
 
-def _disc(cfg: DictConfig) -> DiscriminatorSpec:
-    """``disc.*`` checked; ``disc.ch`` a multiple of 16 (GroupNorm of 32 groups over 2·ch channels)."""
-    values = _checked(cfg, DISC_RANGES)
+def _disc(values: dict[str, Any]) -> DiscriminatorSpec:
+    """``disc.ch`` a multiple of 16 (GroupNorm of 32 groups over 2·ch channels)."""
     if values["ch"] % 16:
         raise TerraInputError(f"disc.ch must be a multiple of 16 (got {values['ch']}); e.g. disc.ch=64")
-    return DiscriminatorSpec(**values)
+    return DiscriminatorSpec(**{key: value for key, value in values.items() if key != "enabled"})

@@ -13,6 +13,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from terra.apps.runner import CONF_DIR
 from terra.config.assets import register_resolvers
 from terra.core.errors import TerraInputError
 from terra.evaluation import measure
@@ -31,7 +32,7 @@ DEMO = ROOT / "terra" / "assets" / "demo"
 
 
 def eval_config(out: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return compose("evaluate", overrides=[
             f"out_dir={out}", "quality.num_clips=2", "horizon=2", "adherence.num_cases=1",
             "device=cpu", "progress=false", *overrides])

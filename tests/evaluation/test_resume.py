@@ -20,6 +20,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from terra.apps.evaluate import resume_command
+from terra.apps.runner import CONF_DIR
 from terra.config.assets import register_resolvers
 from terra.evaluation.run import MEASURES, format_table, run
 from terra.evaluation.settings import evaluate_spec
@@ -48,7 +49,7 @@ def arguments(pair: Path, out: Path, *overrides: str) -> list[str]:
 
 
 def spec(pair: Path, out: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return evaluate_spec(compose("evaluate", overrides=arguments(pair, out, *overrides)))
 
 

@@ -17,6 +17,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
+from terra.apps.runner import CONF_DIR
 from terra.config.assets import ASSETS, register_resolvers
 from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
@@ -60,7 +61,7 @@ def shards(tmp_path_factory) -> Path:
 
 def finetune_config(shards: Path, out: Path, *overrides: str):
     """conf/train_world_model.yaml: the demo world model on ``shards``, 4-frame windows, on the CPU."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return compose("train_world_model", overrides=[
             f"data.tokens={shards}", f"output_dir={out}", f"init={DEMO_MODEL}", "train.window=4",
             "train.batch_size=4", "train.lr=3e-3", "train.warmup_steps=2", "train.log_every=5", "train.eval_every=10",

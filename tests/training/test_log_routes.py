@@ -20,6 +20,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from PIL import Image
 
+from terra.apps.runner import CONF_DIR
 from terra.config.assets import register_resolvers
 from terra.contract.routes import route_distances
 from terra.core.errors import TerraInputError
@@ -185,7 +186,7 @@ def write_clip(folder: Path, frames: int = 6, seconds: float = 12.0, circle: boo
 
 def run_prepare(logs: Path, out: Path, *overrides: str) -> tuple[list[str], object]:
     """prepare_shards as the app runs it, with the stand-in tokenizer; the lines it reported and its summary."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         cfg = compose("prepare_driving_logs", overrides=[f"logs={logs}", f"output_dir={out}", "device=cpu",
                                                          "progress=false", "val_fraction=0", *overrides])
     spec = prepare_spec(cfg)

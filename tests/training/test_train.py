@@ -14,6 +14,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from terra.apps.runner import CONF_DIR
 from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.tokens import load_tokens
@@ -36,7 +37,7 @@ def train(cfg):
 
 def train_config(tokens: Path, out: Path, *overrides: str):
     """The real conf/train_world_model.yaml with a tiny network and the given overrides."""
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return compose("train_world_model", overrides=[
             f"data.tokens={tokens}", f"output_dir={out}", "data.val_clips=2",
             "net.hidden_size=64", "net.intermediate_size=128", "net.num_hidden_layers=2",

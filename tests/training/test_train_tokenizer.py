@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from PIL import Image
 from safetensors.torch import load_file
 
+from terra.apps.runner import CONF_DIR
 from terra.core.errors import TerraInputError
 from terra.tokenizer import LFQTokenizer, VQTokenizer, load_tokenizer
 from terra.training.tokenizer_run import TOKENIZERS, train as run_training
@@ -67,7 +68,7 @@ def train(cfg):
 
 
 def config(out: Path, folder: Path, *overrides: str):
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
         return compose("train_tokenizer", overrides=[
             "data.source=folder", f"data.path={folder}", f"train.output_dir={out}", "train.device=cpu",
             "train.batch_size=8", "train.warmup_steps=5", "train.lr=1e-3", "train.log_every=10",
@@ -124,10 +125,8 @@ def test_bad_data_source_is_a_one_line_error(tmp_path, image_folder):
     (["train.betas=[0.5]"], "train.betas"),
     (["train.max_minutes=0"], "train.max_minutes"),
     (["train.ema_decay=1.0"], "train.ema_decay"),
-    (["train.resume=yes"], "train.resume"),
     (["loss.l2=-1"], "loss.l2"),
     (["model.family=gan"], "model.family"),
-    (["model.config=null"], "model.config"),
     (["disc.enabled=true", "disc.ch=50"], "disc.ch"),
 ])
 def test_a_bad_setting_is_one_line_naming_it_and_leaves_nothing(tmp_path, image_folder, overrides, named):
@@ -148,19 +147,22 @@ def test_what_needs_the_model_is_one_line_before_the_first_step(tmp_path, image_
     assert "\n" not in str(err.value) and not (tmp_path / "run").exists()
 
 
-def test_the_app_checks_its_settings_before_torch_is_imported(tmp_path):
+@pytest.mark.parametrize("override, line", [
+    ("train.batch_size=0", "train.batch_size must be a whole number from 1 to 65536 (got 0); e.g. train.batch_size=32"),
+    ("train.resume=maybe", "train.resume must be true or false (got 'maybe')"),  # refused by its type, in its words
+    ("model.config=null", "model.config must be a mapping (got None)"),
+])
+def test_the_app_checks_its_settings_before_torch_is_imported(tmp_path, override, line):
     out = tmp_path / "run"
     code = ("import sys, terra.apps.train_tokenizer\n"
-            f"sys.argv = ['terra-train-tokenizer', 'train.output_dir={out}', 'train.batch_size=0']\n"
+            f"sys.argv = ['terra-train-tokenizer', 'train.output_dir={out}', '{override}']\n"
             "try:\n    terra.apps.train_tokenizer.main()\n"
             "except SystemExit as exit:\n    assert exit.code == 2, exit.code\n"
             "assert 'torch' not in sys.modules, 'torch was imported before the check'\n")
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
-    assert result.stderr.splitlines() == [
-        "terra-train-tokenizer: error: train.batch_size must be a whole number from 1 to 65536 (got 0); "
-        "e.g. train.batch_size=32"]
+    assert result.stderr.splitlines() == [f"terra-train-tokenizer: error: {line}"]
     assert not out.exists() and not any(tmp_path.glob("*.log")), sorted(tmp_path.iterdir())  # nothing written
 
 

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
+from terra.apps.runner import CONF_DIR
 from terra.core.errors import TerraInputError
 from terra.models import LlamaActionForCausalLM
 from terra.sim.dataset import ClipDataset, write_dataset
@@ -76,7 +77,7 @@ def test_tokenize_script_uses_a_saved_tokenizer(dataset, tmp_path):
     tok = LFQTokenizer({"encoder_decoder_config": {"ch": 32, "ch_mult": [1, 1, 2], "num_res_blocks": 1,
                                                    "z_channels": 6}, "image_size": [H, W]}).eval()
     tok.save_pretrained(tmp_path / "tok")
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base=None):
+    with initialize_config_dir(config_dir=CONF_DIR, version_base=None):  # the apps' schemas registered
         cfg = compose("tokenize_dataset", overrides=[
             f"dataset={dataset.path}", f"tokenizer_path={tmp_path / 'tok'}", f"out={tmp_path / 'codes.safetensors'}",
             "batch_size=16", "device=cpu"])

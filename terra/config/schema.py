@@ -1,0 +1,155 @@
+"""An app's settings written once: a dataclass of :func:`setting` fields gives its defaults, checks and help."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import textwrap
+import typing
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from hydra.core.config_store import ConfigStore
+
+from terra.config.checks import Range, check_choice, check_flag, known_settings, select, shown
+from terra.core.errors import TerraInputError
+
+__all__ = ["Setting", "check_schema", "group", "refusal", "register_schema", "schema_settings", "setting",
+           "settings_help"]
+
+
+def setting(default: Any, help: str, range: Range | None = None, choices: tuple | None = None,
+            check: Callable[[Any], Any] | None = None) -> Any:
+    """A schema field: its default, one line of help, and the ``range``, ``choices`` or ``check`` its value must
+    pass."""
+    metadata = {"help": help, "range": range, "choices": choices, "check": check}
+    if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
+        return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def group() -> Any:
+    """A block a config group fills (``model=...``): its keys are the group's, checked where they are read."""
+    return dataclasses.field(default_factory=dict, metadata={"group": True})
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One field of a schema, by its dotted key."""
+
+    key: str
+    default: Any
+    help: str
+    type: Any
+    range: Range | None = None
+    choices: tuple | None = None
+    checker: Callable[[Any], Any] | None = None
+
+    def check(self, value: Any) -> Any:
+        """``value`` checked against the range or choices (a flag: true or false); one line if it is outside."""
+        if self.range is not None:
+            return self.range.check(value, self.key)
+        if self.choices is not None:
+            return check_choice(value, self.key, self.choices)
+        if self.checker is not None:
+            return self.checker(value)
+        if self.type in (bool, typing.Optional[bool]) and value is not None:
+            return check_flag(value, self.key)
+        return value
+
+    def refusal(self, value: Any) -> str:
+        """The line refusing ``value``, which does not fit the field's type."""
+        try:
+            self.check(value)
+        except TerraInputError as err:
+            return str(err)
+        return f"{self.key} must be {_type_name(self.type)} (got {shown(value)})"
+
+    def bounds(self) -> str:
+        """The values allowed, as the help page shows them ("" for any of its type)."""
+        if self.choices is not None:
+            return " | ".join("null" if choice is None else str(choice) for choice in self.choices)
+        if self.range is None:
+            return ""
+        low, high = (int(self.range.low), int(self.range.high)) if self.range.whole else (self.range.low,
+                                                                                          self.range.high)
+        text = f"above {low:g} .. {high:g}" if self.range.low_open else f"{low} .. {high}"
+        return f"null or {text}" if self.range.nullable else text
+
+
+def _type_name(kind: Any) -> str:
+    names = {int: "a whole number", float: "a number", str: "text", bool: "true or false", list: "a list"}
+    args = [arg for arg in typing.get_args(kind) if arg is not type(None)]
+    if typing.get_origin(kind) in (list, dict):
+        return {list: "a list", dict: "a mapping"}[typing.get_origin(kind)]
+    if args:
+        return " or ".join(names.get(arg, getattr(arg, "__name__", str(arg))) for arg in args) + " or null"
+    return names.get(kind, getattr(kind, "__name__", str(kind)))
+
+
+def schema_settings(schema: type, prefix: str = "") -> list[Setting]:
+    """Every field of ``schema``, nested blocks flattened to dotted keys, in the order written."""
+    hints = typing.get_type_hints(schema)
+    found = []
+    for field in dataclasses.fields(schema):
+        kind, key = hints[field.name], f"{prefix}{field.name}"
+        if field.metadata.get("group"):
+            continue
+        if dataclasses.is_dataclass(kind):
+            found += schema_settings(kind, f"{key}.")
+            continue
+        default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+        found.append(Setting(key, default, field.metadata.get("help", ""), kind, field.metadata.get("range"),
+                             field.metadata.get("choices"), field.metadata.get("check")))
+    return found
+
+
+def check_schema(cfg: Any, schema: type) -> dict[str, Any]:
+    """Every setting of ``schema`` in ``cfg`` (an OmegaConf config or nested mappings), checked, by dotted key."""
+    return {item.key: item.check(select(cfg, item.key)) for item in schema_settings(schema)}
+
+
+def refusal(schema: type, key: str, value: Any) -> str | None:
+    """The line refusing ``value`` for the setting or block ``key`` of ``schema`` (its type refused it), or None."""
+    block = schema
+    for part in key.split("."):
+        kind = typing.get_type_hints(block).get(part) if dataclasses.is_dataclass(block) else None
+        if kind is None:
+            return None
+        block = kind
+    if dataclasses.is_dataclass(block):
+        try:
+            known_settings(value, block, key)
+        except TerraInputError as err:
+            return str(err)
+        return None
+    item = next((item for item in schema_settings(schema) if item.key == key), None)
+    return item.refusal(value) if item is not None else None
+
+
+def _yaml(value: Any) -> str:
+    if value is None or isinstance(value, bool):
+        return {None: "null", True: "true", False: "false"}[value]
+    if isinstance(value, (list, tuple)):
+        return f"[{', '.join(_yaml(item) for item in value)}]"
+    return str(value)
+
+
+def settings_help(schema: type, width: int) -> str:
+    """``key: default  # help; bounds`` lines, one per setting of ``schema``, wrapped at ``width`` columns."""
+    items = schema_settings(schema)
+    heads = [f"{item.key}: {_yaml(item.default)}" for item in items]
+    column = min(max(len(head) for head in heads), 32) + 2
+    lines = []
+    for head, item in zip(heads, items):
+        bounds = item.bounds()
+        text = f"{item.help}{'; ' if item.help and bounds else ''}{bounds}"
+        first = f"{head.ljust(column - 2)}  # " if len(head) <= column - 2 else f"{head}  # "
+        lines.append(textwrap.fill(text, width, initial_indent=first, subsequent_indent=" " * column + "# ",
+                                   break_on_hyphens=False, break_long_words=False))
+    return "\n".join(lines)
+
+
+def register_schema(config_name: str, schema: type) -> None:
+    """Store ``schema`` in Hydra's ConfigStore as ``<config_name>_schema``, the first entry of the app's defaults."""
+    ConfigStore.instance().store(name=f"{config_name}_schema", node=schema)
