@@ -126,7 +126,7 @@ PAGES: dict[str, Page] = {  # config name -> its page
                     "Exit codes: 0 every sample succeeded (or was complete), 1 some failed (each in the manifest with "
                     "its one-line error),\n2 bad setting or input before any work, 130 / 143 interrupted (a rerun "
                     "resumes)."),
-    "serve": Page("terra-serve", "docs/serve.md"),
+    "serve": Page("terra-serve", "docs/serve.md", schema="terra.serve.settings:ServeConfig"),
     "drive": Page("terra-drive", "docs/drive.md; world=both, the fidelity study: docs/fidelity.md", (
         ("Scenarios (scenarios=)",
          "synthetic: num_scenarios drawn from scenario_seed; a folder of driving-log clips, laid out as\n"

@@ -1,7 +1,7 @@
 """docs/serve.md's WebSocket protocol is the code's: the client's message types are the ones the socket takes
 (terra/serve/sockets.py, ``MESSAGE_TYPES``), the server's the ones its code sends, the frame header's fields the ones
 a frame's header holds (terra/serve/service.py), the page's reader reads a frame message as the server writes it
-(terra/serve/media.py), and the defaults it quotes are conf/serve.yaml's."""
+(terra/serve/media.py), and the defaults it quotes are terra-serve's schema's."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import ast
 import re
 from pathlib import Path
 
-import yaml
-
+from terra.config.schema import schema_settings
 from terra.serve.media import frame_message
+from terra.serve.settings import ServeBlock
 from terra.serve.sockets import MESSAGE_TYPES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -72,8 +72,8 @@ def test_the_documented_reader_reads_a_frame_message():
     assert scope["read_frame"](frame_message(header, b"\xff\xd8 a JPEG")) == (header, b"\xff\xd8 a JPEG")
 
 
-def test_the_quoted_defaults_are_the_configs():
-    settings = yaml.safe_load((ROOT / "conf" / "serve.yaml").read_text())["serve"]
+def test_the_quoted_defaults_are_the_schemas():
+    settings = {item.key: item.default for item in schema_settings(ServeBlock)}
     quoted = re.findall(r"`serve\.(\w+)` \((\d+)( s| KiB)?\)", section())
     assert len(quoted) >= 4, quoted
     for name, value, unit in quoted:
