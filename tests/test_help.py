@@ -132,12 +132,11 @@ def test_a_config_not_the_apps_own_gets_a_page_and_a_refusal_leaves_no_run_folde
 
 @pytest.mark.parametrize("name", ["generate", "rollout"])
 def test_the_decoders_frame_size_is_the_demo_tokenizers(name):
-    """``decoder: tokenizer`` writes frames at the tokenizer's own size: the size its comment (shown by ``--help``)
-    names for the demo is the shipped demo tokenizer's, read from the tokenizer itself."""
+    """``decoder: tokenizer`` writes frames at the tokenizer's own size: the size ``--help`` names for the demo is
+    the shipped demo tokenizer's, read from the tokenizer itself."""
     from terra.config.assets import ASSETS
     from terra.tokenizer import load_tokenizer
 
-    text = (ROOT / "conf" / f"{name}.yaml").read_text()
-    [line] = re.findall(r"^decoder: tokenizer +#.*(?:\n +#.*)*", text, re.M)
+    [line] = re.findall(r"^decoder: tokenizer +#.*(?:\n +#.*)*", page_template(name), re.M)
     said = re.findall(r"(\d+)x(\d+)\s*#?\s*for the demo's", line)
     assert said == [tuple(str(n) for n in load_tokenizer(ASSETS / "demo" / "tokenizer").image_size)], line

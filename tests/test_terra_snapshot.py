@@ -371,7 +371,7 @@ def test_broken_snapshot_is_one_line_before_anything_loads_in_terra_generate(sna
 @pytest.mark.parametrize("case", list(BROKEN))
 def test_broken_snapshot_is_one_line_before_anything_loads_in_batch_rollouts(snapshot, samples, tmp_path, case,
                                                                             monkeypatch):
-    """In-process (cheap): conf/rollout.yaml → terra.batch raises before the world model loads or a file is
+    """In-process (cheap): terra-rollout's config → terra.batch raises before the world model loads or a file is
     written; terra-rollout prints that error as its one line (checked below in a subprocess)."""
     from hydra import compose, initialize_config_dir
 

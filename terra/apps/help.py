@@ -70,15 +70,6 @@ def _generate_choices() -> dict[str, str]:
             "decoder": " | ".join(DECODERS)}
 
 
-def _rollout_choices() -> dict[str, str]:
-    from terra.config.outputs import FORMATS
-    from terra.config.ray_settings import EXECUTORS
-    from terra.config.spec import DECODERS
-
-    return {"output.naming": "default | actbench", "output.formats": ", ".join(FORMATS),
-            "executor": " | ".join(EXECUTORS), "decoder": " | ".join(DECODERS)}
-
-
 TRAJECTORIES = """\
 .json  an object with one trajectory form: "instruction_trajs" [T, 60, 2|3] (ACT-Bench, ego frame of each frame,
        20 Hz), "trajectory" {"x": [...], "y": [...], "yaw"?, "t"? or "rate_hz"?} (world frame, metres, 10 Hz),
@@ -122,10 +113,10 @@ PAGES: dict[str, Page] = {  # config name -> its page
          "backend.options.passes_per_step (vllm, speculative) null or 1 .. 64.\n"
          "Quote values with spaces or non-ASCII letters for Hydra: \"context='/data/Fahrten 1/'\".")),
         _generate_choices),
-    "rollout": Page("terra-rollout", "docs/rollout.md", (("Samples (samples=FILE.jsonl)", SAMPLES),), _rollout_choices,
+    "rollout": Page("terra-rollout", "docs/rollout.md", (("Samples (samples=FILE.jsonl)", SAMPLES),), None,
                     "Exit codes: 0 every sample succeeded (or was complete), 1 some failed (each in the manifest with "
                     "its one-line error),\n2 bad setting or input before any work, 130 / 143 interrupted (a rerun "
-                    "resumes)."),
+                    "resumes).", schema="terra.batch.config:RolloutConfig"),
     "serve": Page("terra-serve", "docs/serve.md", schema="terra.serve.settings:ServeConfig"),
     "drive": Page("terra-drive", "docs/drive.md; world=both, the fidelity study: docs/fidelity.md", (
         ("Scenarios (scenarios=)",

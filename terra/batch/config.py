@@ -7,7 +7,7 @@ import os
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,9 +18,10 @@ from terra.config.checks import Range, check_flag, plain, shown
 from terra.config.files import open_input_file
 from terra.config.manifest import manifest_name, summary_name
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.config.outputs import check_output_formats
-from terra.config.ray_settings import RaySettings, check_executor, removed_setting
-from terra.config.spec import RunSpec, run_spec
+from terra.config.outputs import FORMATS, check_output_formats
+from terra.config.ray_settings import EXECUTORS, RayBlock, RaySettings, check_executor, removed_setting
+from terra.config.schema import group, schema_settings, setting
+from terra.config.spec import RunConfig, RunSpec, check_decoder_name, run_spec
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import MAX_FPS, MIN_FPS
 from terra.inputs.samples import SAMPLE_SETTINGS
@@ -32,19 +33,90 @@ NAMING = {
     "actbench": (f"{VIDEO_STEM}.{{ext}}", f"{VIDEO_STEM}.json"),
 }
 PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
-# The batch's own numeric settings' sane ranges: BatchConfig field -> (setting, range).
-RANGES = {
-    "num_frames": ("num_frames", SAMPLE_SETTINGS["num_frames"]),
-    "seed": ("seed", SAMPLE_SETTINGS["seed"]),
-    "max_concurrent": ("max_concurrent", Range(1, 4096, "auto", whole=True)),  # or "auto"
-    "writer_threads": ("output.writer_threads", Range(1, 64, 4, whole=True)),
-    "num_shards": ("num_shards", Range(1, 1 << 20, 4, whole=True)),
-    "shard_index": ("shard_index", Range(0, (1 << 20) - 1, 0, whole=True)),
-    "fps": ("output.fps", Range(MIN_FPS, MAX_FPS, 10)),
-}
-FLAGS = {"resume": "resume", "progress": "progress",
-         "mark_context": "output.mark_context", "overlay_trajectory": "output.overlay_trajectory",
-         "save_codes": "output.save_codes", "allow_paths_outside_image_root": "allow_paths_outside_image_root"}
+
+
+def _flag(default: bool | None, key: str, help: str) -> Any:
+    """A flag field typed Any: OmegaConf would read 1 or yes as true, and a flag is true or false."""
+    return setting(default, help, check=lambda value: value if value is None and default is None else check_flag(
+        value, key))
+
+
+def _concurrency(value: Any) -> int | str:
+    return value if value == "auto" else Range(1, 4096, "auto", whole=True).check(value, "max_concurrent")
+
+
+@dataclass
+class OutputBlock:
+    dir: Optional[str] = setting(None, "null = outputs/rollouts/<samples file stem>; keep it fixed to resume a run")
+    naming: str = setting("default", "default: {sample_id}.{ext} + {sample_id}.json; actbench: "
+                                     "NUSCENES_ACTION_{sample_id:06d}.mp4 (+ .json), as ACT-Bench's scorer reads",
+                          choices=tuple(NAMING))
+    video_pattern: Optional[str] = setting(None, "overrides the preset; fields {sample_id} {ext} {line} {label}")
+    sidecar_pattern: Optional[str] = setting(None, "overrides the preset; must end with .json")
+    formats: Any = setting(["mp4"], f"any of {', '.join(FORMATS)} (png: a folder <stem>_frames/)")
+    fps: float = setting(10.0, "", Range(MIN_FPS, MAX_FPS, 10))
+    writer_threads: int = setting(4, "threads decoding and writing finished samples while the engine runs",
+                                  Range(1, 64, 4, whole=True))
+    mark_context: Any = _flag(False, "output.mark_context", "border + label on context frames (keep off for "
+                                                            "ACT-Bench scoring)")
+    overlay_trajectory: Any = _flag(None, "output.overlay_trajectory", "inset of the commanded path and the route "
+                                                                       "told (magenta); null: on, but off with "
+                                                                       "naming=actbench (ACT-Bench's scorer reads the "
+                                                                       "frames)")
+    save_codes: Any = _flag(False, "output.save_codes", "also write <sidecar stem>.codes.npy: every frame's codes "
+                                                        "(int32)")
+    manifest: str = setting("manifest.jsonl", "per-sample records (manifest.shard-<i>-of-<n>.jsonl when sharded)")
+
+
+@dataclass
+class RolloutConfig(RunConfig):
+    """terra-rollout's settings."""
+
+    refiner: Dict[str, Any] = group()
+    samples: Any = setting(None, "JSONL file (or a list of files); lines are numbered over all of them")
+    image_root: Optional[str] = setting(None, "relative image paths resolve against it; null = the JSONL's folder")
+    allow_paths_outside_image_root: Any = _flag(False, "allow_paths_outside_image_root", "true: context paths may "
+                                                "be absolute or ../ outside image_root (false: such a sample fails "
+                                                "alone, so a JSONL from elsewhere cannot read other files)")
+    num_context: int = setting(3, "context frames used: the last ones of each sample's context; at least 1 and "
+                                  "below the world model's window")
+    num_frames: int = setting(16, "frames generated after the context (a sample's \"num_frames\" overrides it)",
+                              SAMPLE_SETTINGS["num_frames"])
+    default_manoeuvre: Optional[str] = setting(None, f"for Terra-format samples without a trajectory: "
+                                                     f"{' | '.join(MANOEUVRES)}")
+    seed: int = setting(0, "the sample on input line i (0-based) uses seed + i unless it sets \"seed\"",
+                        SAMPLE_SETTINGS["seed"])
+    decoder: str = setting("tokenizer", "how codes become frames: tokenizer (its decoder, at the tokenizer's image "
+                                        "size: 144x256 for the demo's) | refiner (Terra's video refiner, 384x640, GPU; "
+                                        "in-process with vLLM: lower backend.options.gpu_memory_utilization, e.g. "
+                                        "0.5)", check=check_decoder_name)
+    max_concurrent: Any = setting("auto", "rollouts in flight per engine; a finished one's slot goes to the next "
+                                          "sample at once. auto: on vLLM what the KV cache holds for the run's window "
+                                          "(up to 512 on a GPU; 64 on a CPU); on Transformers 1 where it decodes "
+                                          "speculatively (decoding=auto on a CPU), else 64. On vLLM it also sets "
+                                          "backend.options.max_num_seqs. backend.options.kv_cache_dtype=fp8 halves "
+                                          "the KV cache per rollout: twice the rollouts fit; auto or 1 .. 4096",
+                                  check=_concurrency)
+    resume: Any = _flag(True, "resume", "skip samples whose outputs are complete; false = regenerate everything")
+    shard_index: int = setting(0, "this machine's shard: input lines with index % num_shards == shard_index",
+                               Range(0, (1 << 20) - 1, 0, whole=True))
+    num_shards: int = setting(1, "", Range(1, 1 << 20, 4, whole=True))
+    executor: str = setting("local", "local: one engine in this process (Ray is not imported); ray: one engine per "
+                                     "GPU (or per backend.options.tensor_parallel_size GPUs) as Ray actors on the "
+                                     "cluster at ray.address; samples stream to them, dead actors restart",
+                            choices=EXECUTORS)
+    num_gpus: Any = setting(None, "removed: executor=ray (setting it is an error that says so)")
+    gpus: Any = setting(None, "removed: executor=ray, with CUDA_VISIBLE_DEVICES to pick this machine's GPUs")
+    ray: RayBlock = setting(RayBlock(), "")
+    progress: Any = _flag(True, "progress", "bars on a terminal: frames generated (frames/s, ETA), samples written; "
+                                            "in a log lines")
+    output: OutputBlock = setting(OutputBlock(), "")
+
+
+# BatchConfig's own settings whose key in RolloutConfig differs
+KEYS = {"output_dir": "output.dir", **{name: f"output.{name}" for name in (
+    "naming", "video_pattern", "sidecar_pattern", "formats", "fps", "writer_threads", "mark_context",
+    "overlay_trajectory", "save_codes", "manifest")}}
 # BatchConfig's settings that are the batch's own (the rest are the model's and engine's: BatchConfig.run_config)
 BATCH_SETTINGS = ("samples", "output_dir", "num_frames", "seed", "image_root", "allow_paths_outside_image_root",
                   "default_manoeuvre", "max_concurrent", "resume", "shard_index", "num_shards", "executor", "ray",
@@ -105,7 +177,7 @@ class BatchSpec:
 
 @dataclass(frozen=True)
 class BatchConfig:
-    """The Python API's keywords for a batch run; :meth:`spec` checks them. Frozen."""
+    """The Python API's keywords for a batch run (terra-rollout's settings, named flat); :meth:`spec` checks them."""
 
     samples: str | Sequence[str]  # JSONL file(s); lines are numbered over all files in order
     output_dir: str
@@ -113,39 +185,39 @@ class BatchConfig:
     tokenizer: str = ""  # default: the shipped demo tokenizer
     backend: str = "auto"  # auto | vllm | hf
     backend_options: dict = field(default_factory=dict)  # e.g. max_num_seqs, tensor_parallel_size, max_batch_size
-    device: str = "auto"
-    dtype: str = "auto"
+    device: str = RolloutConfig.device
+    dtype: str = RolloutConfig.dtype
     sampling: dict = field(default_factory=dict)  # temperature, top_k, top_p (terra.generation.sampling.SamplingConfig)
-    num_frames: int = 16  # frames generated after the context (a sample's "num_frames" overrides it)
-    num_context: int = 3  # context frames used: the last ones of a sample's context
+    num_frames: int = RolloutConfig.num_frames
+    num_context: int = RolloutConfig.num_context
     overlap: int = 3  # frames carried into the next window for rollouts longer than one window
     zero_embed_code_0: bool = False  # code 0 embeds as zeros
     resize: str = "crop"  # context frames: crop (cover + center-crop) | stretch
-    seed: int = 0  # sample at input index i uses seed + i unless it sets "seed"
+    seed: int = RolloutConfig.seed
     image_root: str | None = None  # relative image paths resolve against it; None = the JSONL's folder
     allow_paths_outside_image_root: bool = False  # absolute or ../ context paths may leave image_root
     default_manoeuvre: str | None = None  # for samples of Terra's format that give no trajectory
-    max_concurrent: int | str = "auto"  # rollouts in flight per engine
-    resume: bool = True  # skip samples whose outputs are complete
-    shard_index: int = 0
-    num_shards: int = 1
-    executor: str = "local"  # local: one engine in this process | ray: one per GPU on a Ray cluster
+    max_concurrent: int | str = RolloutConfig.max_concurrent
+    resume: bool = RolloutConfig.resume
+    shard_index: int = RolloutConfig.shard_index
+    num_shards: int = RolloutConfig.num_shards
+    executor: str = RolloutConfig.executor
     ray: dict = field(default_factory=dict)  # executor=ray's settings
     num_threads: int | str | None = DEFAULT_THREADS  # torch CPU threads: auto, N or None
-    memory: str = "full"  # full | auto | 16GiB | 24GiB: the GPU memory the vLLM engine fits to
-    naming: str = "default"  # default | actbench
+    memory: str = RolloutConfig.memory
+    naming: str = OutputBlock.naming
     video_pattern: str | None = None  # overrides the naming preset
     sidecar_pattern: str | None = None
     formats: Sequence[str] = ("mp4",)
-    fps: float = 10.0
-    writer_threads: int = 4  # threads decoding and writing finished rollouts (beside the engine loop)
-    decoder: str = "tokenizer"  # tokenizer | refiner (384x640)
+    fps: float = OutputBlock.fps
+    writer_threads: int = OutputBlock.writer_threads
+    decoder: str = RolloutConfig.decoder
     refiner: dict = field(default_factory=dict)  # the refiner's settings (decoder=refiner)
-    mark_context: bool = False  # border + label on context frames
+    mark_context: bool = OutputBlock.mark_context
     overlay_trajectory: bool = False  # draw the commanded path
-    save_codes: bool = False  # also write <sidecar stem>.codes.npy (all frames' codes, int32)
-    manifest: str = "manifest.jsonl"
-    progress: bool = True
+    save_codes: bool = OutputBlock.save_codes
+    manifest: str = OutputBlock.manifest
+    progress: bool = RolloutConfig.progress
     record: dict | None = None  # run configuration stored in every sidecar (default: this config)
     terra_root: str | None = None  # a downloaded Terra snapshot the checkpoints come from, named in error lines
 
@@ -223,22 +295,17 @@ def claim_output(spec: BatchSpec) -> OutputDir:
 
 def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
     """The batch's own settings (``own``, by name) checked beside the checked ``run``."""
-    for name, (setting, limits) in RANGES.items():
-        value = own[name]
-        if not (name == "max_concurrent" and value == "auto"):
-            limits.check(value, setting)
+    items = {item.key: item for item in schema_settings(RolloutConfig)}
+    own = {name: items[KEYS.get(name, name)].check(value) if KEYS.get(name, name) in items else value
+           for name, value in own.items()}
     if own["overlay_trajectory"] is None:
         own = {**own, "overlay_trajectory": own["naming"] != "actbench"}
-    for name, setting in FLAGS.items():
-        check_flag(own[name], setting)
     if own["shard_index"] >= own["num_shards"]:
         raise TerraInputError(f"shard_index={own['shard_index']} must be below num_shards={own['num_shards']} "
                               f"(shards are numbered 0..{own['num_shards'] - 1})")
     check_executor(own["executor"])
     ray = RaySettings.parse(own["ray"])
     naming = own["naming"]
-    if naming not in NAMING:
-        raise TerraInputError(f"unknown output.naming {naming!r}; choose one of: {', '.join(NAMING)}")
     video, sidecar = own["video_pattern"] or NAMING[naming][0], own["sidecar_pattern"] or NAMING[naming][1]
     _check_pattern(video, "output.video_pattern", needs_ext=True)
     _check_pattern(sidecar, "output.sidecar_pattern", needs_ext=False)

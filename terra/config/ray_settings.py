@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from typing import Any, Dict, Mapping, Optional
 
-from terra.config.checks import check_choice, check_number, check_whole_number
+from terra.config.checks import Range, check_choice, check_flag
+from terra.config.schema import schema_settings, setting
 from terra.core.errors import TerraInputError, error_line
 from terra.core.ray_cluster import INSTALL_RAY
 
@@ -20,16 +21,51 @@ REMOVED = ("executor=ray runs one engine per GPU (or per tensor_parallel_size GP
            "picks this machine's GPUs")
 
 
+def _address(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or not value.strip()):
+        raise TerraInputError(f"ray.address must be auto or host:port (got {value!r}); leave it unset to start a "
+                              "local Ray cluster for the run")
+    return value.strip() if value else None
+
+
+def _runtime_env(value: Any) -> dict | None:
+    if value is not None and not isinstance(value, Mapping):
+        raise TerraInputError(f"ray.runtime_env must be a mapping such as {{working_dir: .}} (got "
+                              f"{type(value).__name__})")
+    return None if value is None else dict(value)
+
+
+@dataclass
+class RayBlock:
+    address: Optional[str] = setting(None, "null: a local Ray cluster started for the run; auto: the cluster `ray "
+                                           "start` joined this node to; host:port (ray://host:10001 for Ray Client)",
+                                     check=_address)
+    num_actors: Optional[int] = setting(None, "null: one per GPU (group) of the cluster; on a cluster without GPUs "
+                                              "(or device=cpu): 1", Range(1, MAX_ACTORS, 2, whole=True, nullable=True))
+    cpus_per_actor: float = setting(1.0, "CPU cores Ray reserves per actor", Range(0, 1024, 1, low_open=True))
+    max_restarts: int = setting(3, "times Ray restarts an actor that died", Range(0, MAX_RESTARTS, 3, whole=True))
+    max_retries: int = setting(2, "times a sample whose actor died runs again before it is recorded as failed",
+                               Range(0, MAX_RETRIES, 2, whole=True))
+    runtime_env: Optional[Dict[str, Any]] = setting(None, "Ray runtime_env for the actors, e.g. {pip: [/shared/terra]} "
+                                                          "(installs the vLLM plugin's entry point; docs/rollout.md)",
+                                                    check=_runtime_env)
+    # Any: OmegaConf would read 1 or yes as true, and a flag is true or false
+    log_to_driver: Any = setting(False, "true: the actors' own output (vLLM's logs, tracebacks) here too; false: only "
+                                        "in Ray's session logs (/tmp/ray/session_latest/logs on each node)",
+                                 check=lambda value: check_flag(value, "ray.log_to_driver"))
+
+
 @dataclass(frozen=True)
 class RaySettings:
+    """The ``ray`` block, checked."""
 
-    address: str | None = None  # None: a local cluster for this run; "auto": the node's running cluster; host:port
-    num_actors: int | None = None  # None: one per GPU group of the cluster (a cluster without GPUs: 1)
-    cpus_per_actor: float = 1.0  # CPU cores Ray reserves for each actor
-    max_restarts: int = 3  # times Ray restarts an actor that died
-    max_retries: int = 2  # times a sample whose actor died is run again before it is recorded as failed
-    runtime_env: dict | None = None  # Ray's runtime_env for the workers
-    log_to_driver: bool = False  # the actors' own output on the driver's terminal (else in Ray's session logs)
+    address: str | None = None
+    num_actors: int | None = None
+    cpus_per_actor: float = RayBlock.cpus_per_actor
+    max_restarts: int = RayBlock.max_restarts
+    max_retries: int = RayBlock.max_retries
+    runtime_env: dict | None = None
+    log_to_driver: bool = RayBlock.log_to_driver
 
     @classmethod
     def parse(cls, values: Mapping[str, Any] | None) -> "RaySettings":
@@ -39,28 +75,8 @@ class RaySettings:
         unknown = sorted(set(values) - known)
         if unknown:
             raise TerraInputError(f"unknown ray setting(s) {unknown}; known: {sorted(known)}")
-        address = values.get("address")
-        if address is not None and (not isinstance(address, str) or not address.strip()):
-            raise TerraInputError(f"ray.address must be auto or host:port (got {address!r}); leave it unset "
-                                  "to start a local Ray cluster for the run")
-        num_actors = values.get("num_actors")
-        if num_actors is not None:
-            check_whole_number(num_actors, "ray.num_actors", 1, "ray.num_actors=2", MAX_ACTORS)
-        cpus = check_number(values.get("cpus_per_actor", 1.0), "ray.cpus_per_actor", 0, 1024,
-                            "ray.cpus_per_actor=1", low_open=True)
-        restarts = check_whole_number(values.get("max_restarts", 3), "ray.max_restarts", 0, "ray.max_restarts=3",
-                                      MAX_RESTARTS)
-        retries = check_whole_number(values.get("max_retries", 2), "ray.max_retries", 0, "ray.max_retries=2",
-                                     MAX_RETRIES)
-        log_to_driver = values.get("log_to_driver", False)
-        if not isinstance(log_to_driver, bool):
-            raise TerraInputError(f"ray.log_to_driver must be true or false (got {log_to_driver!r})")
-        runtime_env = values.get("runtime_env")
-        if runtime_env is not None and not isinstance(runtime_env, Mapping):
-            raise TerraInputError(f"ray.runtime_env must be a mapping such as {{working_dir: .}} "
-                                  f"(got {type(runtime_env).__name__})")
-        return cls(address.strip() if address else None, None if num_actors is None else int(num_actors), cpus,
-                   restarts, retries, dict(runtime_env) if runtime_env is not None else None, log_to_driver)
+        names = {item.key.removeprefix("ray."): item for item in schema_settings(RayBlock, "ray.")}
+        return cls(**{name: item.check(values.get(name, item.default)) for name, item in names.items()})
 
 
 def check_executor(value: Any) -> str:
