@@ -65,6 +65,8 @@ FIRST_MISTAKES = [
                                           "sampling.draft_tokens=32"),
     ("generate", ["decoder=framewise"], "decoder='framewise' is unknown; use decoder=tokenizer (the tokenizer's "
                                         "frames) or decoder=refiner (Terra's video refiner, GPU)"),
+    ("rollout", ["output=null"], "output=null picks no option of the configuration group 'output'; choose one of: "
+                                 "default"),
     ("tokenize_dataset", [], "no tokenizer_path given; pass tokenizer_path=DIR (a saved tokenizer folder, e.g. the "
                              "demo tokenizer's: tokenizer_path="),
 ]

@@ -101,6 +101,17 @@ def check_added_settings(command: str, allowed: Sequence[str] = (), cfg: DictCon
             raise TerraInputError(unknown_setting(key, command, cfg))
 
 
+def null_group_refusal(arguments: Sequence[str]) -> str:
+    """The line refusing ``GROUP=null`` on the command line: a configuration group takes one of its options."""
+    for argument in arguments:
+        key, _, value = argument.partition("=")
+        group = Path(CONF_DIR) / key
+        if value in ("null", "~", "") and group.is_dir():
+            options = ", ".join(sorted(path.stem for path in group.glob("*.yaml")))
+            return f"{key}={value} picks no option of the configuration group {key!r}; choose one of: {options}"
+    return "a configuration group was given null; choose one of its options (--help lists them)"
+
+
 def _hydra_message(err: BaseException, command: str) -> str:
     message = hydra_error_line(err)
     unknown = re.match(r"Could not override '([^']+)'", message)
@@ -283,6 +294,8 @@ def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) ->
     refusal = typed_refusal(error, prog) if isinstance(error, HydraException) else None
     if refusal is not None:
         error = TerraInputError(refusal)
+    if isinstance(error, ValueError) and str(error).startswith("Config group override must be"):
+        error = TerraInputError(null_group_refusal(sys.argv[1:]))
     if isinstance(error, (HydraException, OmegaConfBaseException)) and not user_wants_traces:
         print(f"{prog}: error: {_hydra_message(error, prog)}; see {prog} --help", file=sys.stderr)
         sys.exit(2)

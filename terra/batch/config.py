@@ -19,7 +19,7 @@ from terra.config.files import open_input_file
 from terra.config.manifest import manifest_name, summary_name
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import FORMATS, check_output_formats
-from terra.config.ray_settings import EXECUTORS, RayBlock, RaySettings, check_executor, removed_setting
+from terra.config.ray_settings import EXECUTORS, RayBlock, RaySettings, check_executor
 from terra.config.schema import group, schema_settings, setting
 from terra.config.spec import RunConfig, RunSpec, check_decoder_name, run_spec
 from terra.core.errors import TerraInputError
@@ -105,8 +105,6 @@ class RolloutConfig(RunConfig):
                                      "GPU (or per backend.options.tensor_parallel_size GPUs) as Ray actors on the "
                                      "cluster at ray.address; samples stream to them, dead actors restart",
                             choices=EXECUTORS)
-    num_gpus: Any = setting(None, "removed: executor=ray (setting it is an error that says so)")
-    gpus: Any = setting(None, "removed: executor=ray, with CUDA_VISIBLE_DEVICES to pick this machine's GPUs")
     ray: RayBlock = setting(RayBlock(), "")
     progress: Any = _flag(True, "progress", "bars on a terminal: frames generated (frames/s, ETA), samples written; "
                                             "in a log lines")
@@ -251,8 +249,6 @@ def batch_spec(cfg: DictConfig, progress: bool = True) -> BatchSpec:
     if samples is None or samples == "":
         raise TerraInputError("no samples file given; pass samples=path/to/samples.jsonl")
     first = samples if isinstance(samples, str) else samples[0]
-    for name in ("num_gpus", "gpus"):
-        removed_setting(name, plain(cfg.get(name)))
     own = dict(
         samples=samples, output_dir=str(out.dir or Path("outputs") / "rollouts" / Path(first).stem),
         num_frames=cfg.num_frames, seed=cfg.seed, image_root=None if cfg.image_root is None else str(cfg.image_root),

@@ -15,10 +15,6 @@ EXECUTORS = ("local", "ray")
 MAX_ACTORS = 100_000  # far beyond any cluster: a typo such as 10000000 is refused, not waited for
 MAX_RESTARTS = 1000
 MAX_RETRIES = 100
-# The settings that replaced the per-GPU worker processes (num_gpus, gpus), for the message that says so.
-REMOVED = ("executor=ray runs one engine per GPU (or per tensor_parallel_size GPUs) as Ray actors, on a local "
-           "Ray cluster when ray.address is unset; ray.num_actors=N caps the engines and CUDA_VISIBLE_DEVICES "
-           "picks this machine's GPUs")
 
 
 def _address(value: Any) -> str | None:
@@ -92,8 +88,3 @@ def check_executor(value: Any) -> str:
                                   f"{INSTALL_RAY}") from None
     return executor
 
-
-def removed_setting(name: str, value: Any) -> None:
-    """Raise a :class:`TerraInputError` that explains the replacement when the removed ``num_gpus``/``gpus`` is set."""
-    if value is not None:
-        raise TerraInputError(f"{name} was removed: {REMOVED}")

@@ -198,13 +198,6 @@ def test_no_ray_or_no_cluster_is_one_line_and_exit_2(tmp_path, scenes):
     assert "1 succeeded, 0 failed" in local.stdout
 
 
-def test_removed_num_gpus_is_one_line(tmp_path, scenes):
-    samples = write_samples(tmp_path, mixed_lines(scenes, 1))
-    line = one_error_line(subprocess.run(script_args(samples, tmp_path / "out", scenes, "num_gpus=2"), cwd=ROOT,
-                                         env=script_env(), capture_output=True, text=True, timeout=120))
-    assert "num_gpus was removed: executor=ray runs one engine per GPU" in line
-
-
 def test_workers_that_cannot_import_the_project_fail_fast(tmp_path, scenes, ray_cluster):
     samples = write_samples(tmp_path, mixed_lines(scenes, 2))
     env = {"env_vars": {"PYTHONPATH": str(hiding(tmp_path, "terra"))}}  # these workers lack the project
