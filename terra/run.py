@@ -19,13 +19,7 @@ class ResolvedRun(BackendRun):
 
 def resolve_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfig | None = None,
                 refine_after: bool = False, max_rollouts: int | None = None) -> ResolvedRun:
-    """Make a checked ``RunSpec`` concrete for this process: backend, device, dtype, decoding and engine options.
-
-    Args:
-        streams: the most rollouts in flight at once.
-        model: the model's config if already read (None: read from the checkpoint).
-        refine_after: refine once the engine is closed, not beside it.
-        max_rollouts: the rollouts a vLLM engine must hold at once (None: the backend's options decide)."""
+    """A checked ``RunSpec`` made concrete for ``streams`` rollouts in flight; ``model`` read if None."""
     place = "off" if spec.decoder == "tokenizer" else "after" if refine_after else "shared"
     run = resolve_backend_run(spec, streams, model, place, max_rollouts)
     return ResolvedRun(**vars(run), refiner=refiner_settings(run.spec, run.refiner_device))

@@ -1,8 +1,4 @@
-"""The one check of each kind that every entry point uses on its settings.
-
-A failed check raises :class:`TerraInputError` with one line naming the input and the fix; checks return the value
-typed (``int`` for whole numbers, ``float`` for numbers).
-"""
+"""The one check of each kind every entry point uses on its settings; a failure is one :class:`TerraInputError` line."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The one rule for every app's output folder, checked before any work: nothing a user has is lost.
-
-The folder may not overlap an input, a run replaces only what the toolkit wrote (its marker lists), and one folder
-belongs to one app. Nothing here imports torch.
-"""
+"""Every app's output folder, checked before any work: apart from its inputs, one app's, replacing only what
+the toolkit wrote."""
 
 from __future__ import annotations
 
