@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from terra.apps.help import register_schemas
 from terra.models import LlamaActionConfig, LlamaActionForCausalLM
 from terra.models.presets import TINY  # Terra's layout rules at toy size; tests import it from here
+
+register_schemas()  # every app's schema, for the tests that compose configs as the apps do
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 SHARED = Path(__file__).resolve().parents[2] / "shared"  # the project's shared/ folder, beside the checkout

@@ -149,9 +149,12 @@ def train_model(tokens: Path, out: Path, steps: int, val_clips: int, window: int
     """Train (or resume) a tiny route model on ``tokens`` (and ``recoveries``) with terra-train's run; its export."""
     from hydra import compose, initialize_config_dir
 
+    from terra.apps.help import register_schemas
     from terra.apps.runner import CONF_DIR
     from terra.training.run import train
     from terra.training.settings import train_spec
+
+    register_schemas()
 
     if (out / "model" / "config.json").is_file():
         return out / "model"

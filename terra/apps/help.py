@@ -256,10 +256,11 @@ def _indented(body: str) -> str:
     return "\n".join(f"  {line}" if line else line for line in body.splitlines())
 
 
-def register_schemas() -> None:
-    """Store each app's schema in Hydra's ConfigStore, where its config's defaults list finds it."""
+def register_schemas(prog: str | None = None) -> None:
+    """Store the schema of ``prog``'s config (None: every app's) in Hydra's ConfigStore, where its defaults list finds
+    it."""
     for config_name, page in PAGES.items():
-        schema = page.schema_class()
+        schema = page.schema_class() if prog in (None, page.prog) else None
         if schema is not None:
             register_schema(config_name, schema)
 

@@ -37,7 +37,6 @@ CONF_DIR = str(Path(terra.conf.__file__).resolve().parent)  # the same configs a
 
 register_resolvers()
 register_help()
-register_schemas()
 HELP_FLAGS = ("--help", "-h")
 _STARTED_AT = time.time()  # folders changed since are the run's own (remove_empty_run_dir); set again by run_app
 # Hydra's flags that print and run nothing: an app's extras are not needed for them
@@ -270,6 +269,9 @@ def run_app(app: Callable[[], None], prog: str, extras: tuple[str, ...] = ()) ->
     if refused is not None:
         print(f"{prog}: error: {refused}", file=sys.stderr)
         sys.exit(2)
+    given = get_args_parser().parse_known_args(sys.argv[1:])[0]
+    # a config of the user's may name any app's schema; the app's own config, only its own
+    register_schemas(None if given.config_name or given.config_dir or given.config_path else prog)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # Hydra then raises config errors instead of printing them and exiting 1
     if not shows_bars():  # no third-party progress bars in logs: an error's one line stands alone
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")  # Transformers' "Loading weights" too

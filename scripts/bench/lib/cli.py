@@ -158,8 +158,10 @@ def compose_config(name: str, overrides: Sequence[str]) -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from terra.apps.help import register_schemas
     from terra.apps.runner import CONF_DIR, hydra_error_line
 
+    register_schemas()
     try:
         with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
             return compose(name, list(overrides))
