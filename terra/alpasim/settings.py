@@ -8,7 +8,7 @@ from typing import Any, Mapping
 from omegaconf import DictConfig
 
 from terra.config.checks import MAX_FRAMES, Range, known_settings, select, shown
-from terra.config.schema import check_schema, schema_settings, setting
+from terra.config.schema import block_settings, check_schema, setting
 from terra.config.spec import RunConfig, RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.config.network import HOST_NAME, check_token, is_loopback
@@ -64,8 +64,8 @@ class AlpasimSettings:
     jpeg_quality: int = AlpasimBlock.jpeg_quality
 
     def __post_init__(self) -> None:
-        for item in schema_settings(AlpasimBlock, "alpasim."):
-            item.check(getattr(self, item.key.removeprefix("alpasim.")))
+        for name, item in block_settings(AlpasimBlock, "alpasim").items():
+            item.check(getattr(self, name))
         if not isinstance(self.host, str) or not HOST_NAME.fullmatch(self.host.strip("[]").lower()):
             raise TerraInputError(f"alpasim.host must be an address or host name (got {shown(self.host)}); e.g. "
                                   "alpasim.host=0.0.0.0 for AlpaSim's containers (with alpasim.token)")

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional
 
 from terra.config.checks import Range, check_choice, check_flag
-from terra.config.schema import schema_settings, setting
+from terra.config.schema import block_settings, setting
 from terra.core.errors import TerraInputError, error_line
 from terra.core.ray_cluster import INSTALL_RAY
 
@@ -71,8 +71,8 @@ class RaySettings:
         unknown = sorted(set(values) - known)
         if unknown:
             raise TerraInputError(f"unknown ray setting(s) {unknown}; known: {sorted(known)}")
-        names = {item.key.removeprefix("ray."): item for item in schema_settings(RayBlock, "ray.")}
-        return cls(**{name: item.check(values.get(name, item.default)) for name, item in names.items()})
+        return cls(**{name: item.check(values.get(name, item.default))
+                      for name, item in block_settings(RayBlock, "ray").items()})
 
 
 def check_executor(value: Any) -> str:

@@ -14,8 +14,8 @@ from hydra.core.config_store import ConfigStore
 from terra.config.checks import Range, check_choice, check_flag, known_settings, select, shown
 from terra.core.errors import TerraInputError
 
-__all__ = ["Setting", "check_schema", "group", "refusal", "register_schema", "schema_settings", "setting",
-           "settings_help"]
+__all__ = ["Setting", "block_settings", "check_schema", "group", "refusal", "register_schema", "schema_settings",
+           "setting", "settings_help"]
 
 
 def setting(default: Any, help: str, range: Range | None = None, choices: tuple | None = None,
@@ -102,6 +102,11 @@ def schema_settings(schema: type, prefix: str = "") -> list[Setting]:
         found.append(Setting(key, default, field.metadata.get("help", ""), kind, field.metadata.get("range"),
                              field.metadata.get("choices"), field.metadata.get("check")))
     return found
+
+
+def block_settings(block: type, name: str) -> dict[str, Setting]:
+    """The settings of the block ``name`` (keyed ``name.field``) by their field names."""
+    return {item.key.removeprefix(f"{name}."): item for item in schema_settings(block, f"{name}.")}
 
 
 def check_schema(cfg: Any, schema: type) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from terra.config.checks import MAX_FRAMES, Range, known_settings, shown
 from terra.config.network import HOST_NAME, check_token, is_loopback
-from terra.config.schema import schema_settings, setting
+from terra.config.schema import block_settings, setting
 from terra.config.spec import RunConfig
 from terra.core.errors import TerraInputError
 
@@ -146,8 +146,7 @@ class ServeSettings:
     cors: bool = ServeBlock.cors
 
     def __post_init__(self) -> None:
-        for item in schema_settings(ServeBlock, "serve."):
-            name = item.key.removeprefix("serve.")
+        for name, item in block_settings(ServeBlock, "serve").items():
             object.__setattr__(self, name, item.check(getattr(self, name)))
         if not isinstance(self.host, str) or not self.host:
             raise TerraInputError(f"serve.host must be an address or host name (got {self.host!r})")
