@@ -67,6 +67,8 @@ FIRST_MISTAKES = [
                                         "frames) or decoder=refiner (Terra's video refiner, GPU)"),
     ("rollout", ["output=null"], "output=null picks no option of the configuration group 'output'; choose one of: "
                                  "default"),
+    ("serve", ["serve.cors=yes"], "serve.cors must be true or false (got 'yes')"),  # a flag is true or false, in
+    ("train", ["train.compile=on"], "train.compile must be true or false (got 'on')"),  # every app alike
     ("tokenize_dataset", [], "no tokenizer_path given; pass tokenizer_path=DIR (a saved tokenizer folder, e.g. the "
                              "demo tokenizer's: tokenizer_path="),
 ]

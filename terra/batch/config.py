@@ -14,13 +14,13 @@ from omegaconf import DictConfig, OmegaConf
 from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
 from terra.config.backend import DEFAULT_THREADS
-from terra.config.checks import Range, check_flag, plain, shown
+from terra.config.checks import Range, plain, shown
 from terra.config.files import open_input_file
 from terra.config.manifest import manifest_name, summary_name
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.outputs import FORMATS, check_output_formats
 from terra.config.ray_settings import EXECUTORS, RayBlock, RaySettings, check_executor
-from terra.config.schema import group, schema_settings, setting
+from terra.config.schema import flag, group, schema_settings, setting
 from terra.config.spec import RunConfig, RunSpec, check_decoder_name, run_spec
 from terra.core.errors import TerraInputError
 from terra.decoder.writers import MAX_FPS, MIN_FPS
@@ -33,12 +33,6 @@ NAMING = {
     "actbench": (f"{VIDEO_STEM}.{{ext}}", f"{VIDEO_STEM}.json"),
 }
 PATTERN_FIELDS = {"sample_id", "ext", "line", "label"}
-
-
-def _flag(default: bool | None, key: str, help: str) -> Any:
-    """A flag field typed Any: OmegaConf would read 1 or yes as true, and a flag is true or false."""
-    return setting(default, help, check=lambda value: value if value is None and default is None else check_flag(
-        value, key))
 
 
 def _concurrency(value: Any) -> int | str:
@@ -57,13 +51,13 @@ class OutputBlock:
     fps: float = setting(10.0, "", Range(MIN_FPS, MAX_FPS, 10))
     writer_threads: int = setting(4, "threads decoding and writing finished samples while the engine runs",
                                   Range(1, 64, 4, whole=True))
-    mark_context: Any = _flag(False, "output.mark_context", "border + label on context frames (keep off for "
+    mark_context: Any = flag(False, "border + label on context frames (keep off for "
                                                             "ACT-Bench scoring)")
-    overlay_trajectory: Any = _flag(None, "output.overlay_trajectory", "inset of the commanded path and the route "
+    overlay_trajectory: Any = flag(None, "inset of the commanded path and the route "
                                                                        "told (magenta); null: on, but off with "
                                                                        "naming=actbench (ACT-Bench's scorer reads the "
                                                                        "frames)")
-    save_codes: Any = _flag(False, "output.save_codes", "also write <sidecar stem>.codes.npy: every frame's codes "
+    save_codes: Any = flag(False, "also write <sidecar stem>.codes.npy: every frame's codes "
                                                         "(int32)")
     manifest: str = setting("manifest.jsonl", "per-sample records (manifest.shard-<i>-of-<n>.jsonl when sharded)")
 
@@ -75,7 +69,7 @@ class RolloutConfig(RunConfig):
     refiner: Dict[str, Any] = group()
     samples: Any = setting(None, "JSONL file (or a list of files); lines are numbered over all of them")
     image_root: Optional[str] = setting(None, "relative image paths resolve against it; null = the JSONL's folder")
-    allow_paths_outside_image_root: Any = _flag(False, "allow_paths_outside_image_root", "true: context paths may "
+    allow_paths_outside_image_root: Any = flag(False, "true: context paths may "
                                                 "be absolute or ../ outside image_root (false: such a sample fails "
                                                 "alone, so a JSONL from elsewhere cannot read other files)")
     num_context: int = setting(3, "context frames used: the last ones of each sample's context; at least 1 and "
@@ -97,7 +91,7 @@ class RolloutConfig(RunConfig):
                                           "backend.options.max_num_seqs. backend.options.kv_cache_dtype=fp8 halves "
                                           "the KV cache per rollout: twice the rollouts fit; auto or 1 .. 4096",
                                   check=_concurrency)
-    resume: Any = _flag(True, "resume", "skip samples whose outputs are complete; false = regenerate everything")
+    resume: Any = flag(True, "skip samples whose outputs are complete; false = regenerate everything")
     shard_index: int = setting(0, "this machine's shard: input lines with index % num_shards == shard_index",
                                Range(0, (1 << 20) - 1, 0, whole=True))
     num_shards: int = setting(1, "", Range(1, 1 << 20, 4, whole=True))
@@ -106,7 +100,7 @@ class RolloutConfig(RunConfig):
                                      "cluster at ray.address; samples stream to them, dead actors restart",
                             choices=EXECUTORS)
     ray: RayBlock = setting(RayBlock(), "")
-    progress: Any = _flag(True, "progress", "bars on a terminal: frames generated (frames/s, ETA), samples written; "
+    progress: Any = flag(True, "bars on a terminal: frames generated (frames/s, ETA), samples written; "
                                             "in a log lines")
     output: OutputBlock = setting(OutputBlock(), "")
 

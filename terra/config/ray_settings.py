@@ -6,8 +6,8 @@ import importlib.util
 from dataclasses import dataclass, fields
 from typing import Any, Dict, Mapping, Optional
 
-from terra.config.checks import Range, check_choice, check_flag
-from terra.config.schema import block_settings, setting
+from terra.config.checks import Range, check_choice
+from terra.config.schema import block_settings, flag, setting
 from terra.core.errors import TerraInputError, error_line
 from terra.core.ray_cluster import INSTALL_RAY
 
@@ -45,10 +45,8 @@ class RayBlock:
     runtime_env: Optional[Dict[str, Any]] = setting(None, "Ray runtime_env for the actors, e.g. {pip: [/shared/terra]} "
                                                           "(installs the vLLM plugin's entry point; docs/rollout.md)",
                                                     check=_runtime_env)
-    # Any: OmegaConf would read 1 or yes as true, and a flag is true or false
-    log_to_driver: Any = setting(False, "true: the actors' own output (vLLM's logs, tracebacks) here too; false: only "
-                                        "in Ray's session logs (/tmp/ray/session_latest/logs on each node)",
-                                 check=lambda value: check_flag(value, "ray.log_to_driver"))
+    log_to_driver: Any = flag(False, "true: the actors' own output (vLLM's logs, tracebacks) here too; false: only "
+                                     "in Ray's session logs (/tmp/ray/session_latest/logs on each node)")
 
 
 @dataclass(frozen=True)

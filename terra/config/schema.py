@@ -14,8 +14,8 @@ from hydra.core.config_store import ConfigStore
 from terra.config.checks import Range, check_choice, check_flag, known_settings, select, shown
 from terra.core.errors import TerraInputError
 
-__all__ = ["Setting", "block_settings", "check_schema", "group", "refusal", "register_schema", "schema_settings",
-           "setting", "settings_help"]
+__all__ = ["Setting", "block_settings", "check_schema", "flag", "group", "refusal", "register_schema",
+           "schema_settings", "setting", "settings_help"]
 
 
 def setting(default: Any, help: str, range: Range | None = None, choices: tuple | None = None,
@@ -26,6 +26,11 @@ def setting(default: Any, help: str, range: Range | None = None, choices: tuple 
     if isinstance(default, (list, dict)) or dataclasses.is_dataclass(default):
         return dataclasses.field(default_factory=lambda: copy.deepcopy(default), metadata=metadata)
     return dataclasses.field(default=default, metadata=metadata)
+
+
+def flag(default: bool | None, help: str) -> Any:
+    """A true-or-false field, declared ``Any``: a ``bool`` field would let OmegaConf read ``yes`` or ``1`` as true."""
+    return dataclasses.field(default=default, metadata={"help": help, "flag": True})
 
 
 def group() -> Any:
@@ -44,6 +49,7 @@ class Setting:
     range: Range | None = None
     choices: tuple | None = None
     checker: Callable[[Any], Any] | None = None
+    flag: bool = False
 
     def check(self, value: Any) -> Any:
         """``value`` checked against the range or choices (a flag: true or false); one line if it is outside."""
@@ -53,7 +59,7 @@ class Setting:
             return check_choice(value, self.key, self.choices)
         if self.checker is not None:
             return self.checker(value)
-        if self.type in (bool, typing.Optional[bool]) and value is not None:
+        if self.flag and (value is not None or self.default is not None):
             return check_flag(value, self.key)
         return value
 
@@ -100,7 +106,8 @@ def schema_settings(schema: type, prefix: str = "") -> list[Setting]:
             continue
         default = field.default_factory() if field.default is dataclasses.MISSING else field.default
         found.append(Setting(key, default, field.metadata.get("help", ""), kind, field.metadata.get("range"),
-                             field.metadata.get("choices"), field.metadata.get("check")))
+                             field.metadata.get("choices"), field.metadata.get("check"),
+                             field.metadata.get("flag", False)))
     return found
 
 

@@ -9,7 +9,7 @@ from omegaconf import DictConfig
 
 from terra.config.checks import SEED, Range, required_path, shown
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.config.schema import check_schema, setting
+from terra.config.schema import check_schema, flag, setting
 from terra.config.spec import RunConfig, RunSpec, run_spec
 from terra.core.errors import TerraInputError
 from terra.inputs.trajectory import MANOEUVRE_RANGES, MANOEUVRES
@@ -127,7 +127,7 @@ class EvaluateConfig(RunConfig):
     horizon: int = setting(10, "frames generated after the context (metrics per step 1..horizon)",
                            Range(1, 1000, 10, whole=True))
     seed: int = setting(0, "rollout k of a metric's batch samples with seed + k (irrelevant when greedy)", SEED)
-    progress: bool = setting(True, "a bar while generating on a terminal; in a log a line a minute with the time left")
+    progress: Any = flag(True, "a bar while generating on a terminal; in a log a line a minute with the time left")
     domain: str = setting("day", "the scenes of both measurements: day is the demo models' world", choices=DOMAINS)
     quality: QualityBlock = setting(QualityBlock(), "")
     adherence: AdherenceBlock = setting(AdherenceBlock(), "")

@@ -11,7 +11,7 @@ from terra.config.backend import DTYPES, device_setting, num_threads_setting
 from terra.config.checks import Range, required_path, select, shown
 from terra.config.files import open_input_file
 from terra.config.output_dir import claim_output_dir
-from terra.config.schema import check_schema, setting
+from terra.config.schema import check_schema, flag, setting
 from terra.core.errors import TerraInputError
 from terra.scoring.report import FILES
 from terra.config.actbench import MAX_SAMPLES_BYTES
@@ -41,9 +41,9 @@ class ScoreConfig:
     device: str = device_setting()
     dtype: str = setting("auto", "auto: bf16 autocast on a GPU, as ACT-Bench; fp32 on a CPU", choices=DTYPES[:3])
     num_threads: Optional[Union[int, str]] = num_threads_setting()
-    progress: bool = setting(True, "a bar over the videos on a terminal (in a log a line a minute) and a line per "
+    progress: Any = flag(True, "a bar over the videos on a terminal (in a log a line a minute) and a line per "
                                    "stage")
-    dry_run: bool = setting(False, "true: check samples, videos (matched, frames counted) and the estimator folder "
+    dry_run: Any = flag(False, "true: check samples, videos (matched, frames counted) and the estimator folder "
                                    "without loading its weights, report what is missing (exit 2 if anything is); "
                                    "output_dir not needed")
 

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 
 from terra.config.checks import MAX_FRAMES, Range, known_settings, shown
 from terra.config.network import HOST_NAME, check_token, is_loopback
-from terra.config.schema import block_settings, setting
+from terra.config.schema import block_settings, flag, setting
 from terra.config.spec import RunConfig
 from terra.core.errors import TerraInputError
 
@@ -111,7 +111,7 @@ class ServeBlock:
     allowed_origins: Any = setting([], "other pages that may drive it, e.g. [http://localhost:3000]; a WebSocket or "
                                        "a POST/DELETE sent by a browser page must come from the server's own origin "
                                        "or one of these", check=_entries("allowed_origins", "https://terra.example.org"))
-    cors: bool = setting(False, "true: CORS headers for allowed_origins, so those pages can read the answers")
+    cors: Any = flag(False, "true: CORS headers for allowed_origins, so those pages can read the answers")
 
 
 @dataclass

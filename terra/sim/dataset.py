@@ -20,7 +20,7 @@ import numpy as np
 
 from terra.config.checks import MAX_FRAMES, Range, SEED, check_choice, check_flag, one_line, shown
 from terra.config.output_dir import claim_output_dir
-from terra.config.schema import setting
+from terra.config.schema import flag, setting
 from terra.contract.actions import FRAME_RATE_HZ
 from terra.core.atomic import atomic_path, json_text, mark, marked, write_text
 from terra.core.device import usable_cores
@@ -143,7 +143,7 @@ class MakeDatasetConfig:
     seed: int = setting(0, "clip i is drawn from numpy.random.default_rng([seed, i])", SIZES["seed"])
     clips_per_shard: int = setting(64, "format=shards only", SIZES["clips_per_shard"])
     workers: int = setting(0, "processes; 0 = one per CPU core", SIZES["workers"])
-    compress: bool = setting(True, "format=shards only: npz deflate, about 4x smaller, slower to read")
+    compress: Any = flag(True, "format=shards only: npz deflate, about 4x smaller, slower to read")
 
 
 def write_dataset(

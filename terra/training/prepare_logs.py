@@ -17,7 +17,7 @@ from terra.config.backend import device_setting, num_threads_setting
 from terra.config.checks import MAX_FRAMES, Range, check_choice, one_line, required_path
 from terra.config.files import content_digest
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.config.schema import check_schema, group, setting
+from terra.config.schema import check_schema, flag, group, setting
 from terra.config.snapshot import checkpoint_path
 from terra.config.spec import changed_inputs, fingerprint
 from terra.contract.actions import FRAME_RATE_HZ
@@ -71,7 +71,7 @@ class PrepareLogsConfig:
                                   "clipgt/ | clipgt.zip where it has one (none without); driven_path = the car's own "
                                   "path ahead: it tells the model where the car goes; only where no map exists "
                                   "(docs/train.md)", choices=ROUTE_SOURCES)
-    progress: bool = setting(True, "bars on a terminal (clips with an ETA, frames tokenized); in a log a line a "
+    progress: Any = flag(True, "bars on a terminal (clips with an ETA, frames tokenized); in a log a line a "
                                    "minute")
 
 

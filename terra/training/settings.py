@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from terra.config.backend import device_setting
 from terra.config.checks import Range, check_file_size, required_path, shown
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.config.schema import check_schema, group, setting
+from terra.config.schema import check_schema, flag, group, setting
 from terra.config.snapshot import checkpoint_path
 from terra.core.errors import TerraInputError
 
@@ -57,8 +57,8 @@ class LoraBlock:
     dropout: float = setting(0.0, "their dropout", Range(0, 0.99, 0.0))
     target_modules: List[str] = setting(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
                                          "down_proj"], "the linear layers adapted", check=_target_modules)
-    train_action_projection: bool = setting(True, "also train the action projection (else frozen)")
-    train_position_embeddings: bool = setting(True, "also train the spatio-temporal position tables (else frozen)")
+    train_action_projection: Any = flag(True, "also train the action projection (else frozen)")
+    train_position_embeddings: Any = flag(True, "also train the spatio-temporal position tables (else frozen)")
 
 
 @dataclass
@@ -105,7 +105,7 @@ class TrainBlock:
                                               Range(1, 65536, 1, whole=True, nullable=True))
     window: Optional[int] = setting(None, "frames per training window; null = the model's num_temporal_embeddings "
                                           "(capped by clip length)", Range(2, 1024, 25, whole=True, nullable=True))
-    loss_on_first_frame: bool = setting(False, "the first frame of a window is context; true also trains "
+    loss_on_first_frame: Any = flag(False, "the first frame of a window is context; true also trains "
                                                "unconditional image tokens")
     input_noise: float = setting(0.0, "up to this share of a window's input codes replaced by random codes "
                                       "(targets kept): robustness to the model's own errors over long rollouts",
@@ -129,7 +129,7 @@ class TrainBlock:
     log_every: int = setting(25, "steps between log rows", Range(1, 10**8, 25, whole=True))
     eval_every: int = setting(500, "steps between validations", Range(1, 10**8, 500, whole=True))
     ckpt_every: int = setting(500, "steps between checkpoints", Range(1, 10**8, 500, whole=True))
-    compile: bool = setting(False, "torch.compile each decoder layer and the loss's softmax (Terra's shape, H100: "
+    compile: Any = flag(False, "torch.compile each decoder layer and the loss's softmax (Terra's shape, H100: "
                                    "0.45 vs 0.67 s a step)")
     device: str = device_setting()
     precision: str = setting("auto", "auto: bf16 autocast on CUDA, fp32 on CPU", choices=PRECISIONS)
@@ -147,12 +147,12 @@ class TrainBlock:
                                                "flash-attn package", choices=ATTENTION)
     loss_chunk: int = setting(2048, "positions whose logits exist at once (a window's whole logits never do)",
                               Range(1, 10**7, 2048, whole=True))
-    tensorboard: bool = setting(True, "also log to output_dir/tensorboard")
+    tensorboard: Any = flag(True, "also log to output_dir/tensorboard")
 
 
 @dataclass
 class SampleBlock:
-    gif: bool = setting(True, "at every evaluation, greedy rollouts of validation clips: their PSNR (val_psnr), and "
+    gif: Any = flag(True, "at every evaluation, greedy rollouts of validation clips: their PSNR (val_psnr), and "
                               "output_dir/samples/stepNNNNNNN.gif: the first clip | its rollout")
     num_context: int = setting(3, "context frames of those rollouts", Range(1, 1023, 3, whole=True))
     clips: int = setting(4, "validation clips rolled out", Range(1, 10**5, 4, whole=True))
@@ -164,8 +164,8 @@ class ExportBlock:
     max_shard_size: Any = setting("15MB", "weight files of the export stay below this (a larger single tensor gets "
                                           "its own)", check=lambda value: check_file_size(value,
                                                                                           "export.max_shard_size"))
-    adapter: bool = setting(True, "finetune=lora: also write the unmerged PEFT adapter to output_dir/adapter")
-    best: bool = setting(True, "also keep output_dir/best: the export (as model/) at the best validation score so "
+    adapter: Any = flag(True, "finetune=lora: also write the unmerged PEFT adapter to output_dir/adapter")
+    best: Any = flag(True, "also keep output_dir/best: the export (as model/) at the best validation score so "
                                "far, step 0 (the starting weights) included; best/best.json names its step")
     best_by: str = setting("val_loss", "val_loss (lowest) | val_psnr (highest PSNR of the validation rollouts, "
                                        "sample.gif: teacher-forced loss and rollout quality part ways once a small "
@@ -191,8 +191,8 @@ class TrainConfig:
     sample: SampleBlock = setting(SampleBlock(), "")
     output_dir: Optional[str] = setting("runs/world_model", "checkpoint/, model/ (final export), best/, adapter/ "
                                                             "(LoRA), train_log.jsonl, tensorboard/, samples/")
-    resume: bool = setting(True, "continue from output_dir/checkpoint when it exists")
-    progress: bool = setting(True, "a bar over the steps (N/max_steps, ETA) on stderr, when it is a terminal; the "
+    resume: Any = flag(True, "continue from output_dir/checkpoint when it exists")
+    progress: Any = flag(True, "a bar over the steps (N/max_steps, ETA) on stderr, when it is a terminal; the "
                                    "log rows and the start and end of each validation are printed either way")
     export: ExportBlock = setting(ExportBlock(), "")
 

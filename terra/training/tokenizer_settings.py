@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 from terra.config.backend import device_setting
 from terra.config.checks import SEED, Range, plain, required_path
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.config.schema import check_schema, setting
+from terra.config.schema import check_schema, flag, setting
 from terra.core.errors import TerraInputError
 from terra.training.settings import DTYPES, check_betas
 
@@ -42,7 +42,7 @@ class DataBlock:
     workers: int = setting(8, "processes rendering synthetic frames", Range(1, 1024, 8, whole=True))
     # seed * 1_000_003 + step seeds torch's 64-bit generator
     seed: int = setting(0, "the synthetic frames' and the batches'", Range(0, 2**32 - 1, 0, whole=True))
-    hflip: bool = setting(True, "random horizontal flips")
+    hflip: Any = flag(True, "random horizontal flips")
     device_cache_gb: float = setting(8.0, "keep the uint8 frames on the GPU when they fit in this many GiB",
                                      Range(0, 10**6, 8.0))
 
@@ -59,7 +59,7 @@ class TrainBlock:
     max_steps: int = setting(20000, "steps in all", Range(1, 10**8, 20000, whole=True))
     max_minutes: Optional[float] = setting(None, "wall-clock budget of this invocation (null: none); the next one "
                                                  "resumes", Range(0, 10**7, 9, low_open=True, nullable=True))
-    resume: bool = setting(True, "continue from the checkpoint in output_dir")
+    resume: Any = flag(True, "continue from the checkpoint in output_dir")
     lr: float = setting(2.0e-4, "peak learning rate", Range(0, 1, 2e-4, low_open=True))
     min_lr_ratio: float = setting(0.1, "the cosine schedule's floor, as a share of lr", Range(0, 1, 0.1))
     warmup_steps: int = setting(500, "linear warm-up", Range(0, 10**7, 500, whole=True))
@@ -70,8 +70,8 @@ class TrainBlock:
                                          Range(0, 10**6, 1.0, low_open=True, nullable=True))
     ema_decay: Optional[float] = setting(0.999, "null: no EMA", Range(0, 0.999999, 0.999, low_open=True,
                                                                       nullable=True))
-    bf16: bool = setting(True, "autocast on CUDA only")
-    compile: bool = setting(False, "torch.compile the tokenizer (pays off only for long runs)")
+    bf16: Any = flag(True, "autocast on CUDA only")
+    compile: Any = flag(False, "torch.compile the tokenizer (pays off only for long runs)")
     log_every: int = setting(50, "steps between log lines", Range(1, 10**8, 50, whole=True))
     checkpoint_every: int = setting(1000, "steps between checkpoints", Range(1, 10**8, 1000, whole=True))
     eval_frames: int = setting(16, "fixed frames whose reconstruction L1/PSNR is logged at start and end",
@@ -89,7 +89,7 @@ class LossBlock:
 
 @dataclass
 class DiscBlock:
-    enabled: bool = setting(False, "a PatchGAN discriminator with a hinge loss")
+    enabled: Any = flag(False, "a PatchGAN discriminator with a hinge loss")
     start_step: int = setting(5000, "the step it starts at", Range(0, 10**8, 5000, whole=True))
     weight: float = setting(0.1, "its loss's weight", Range(0, 10**6, 0.1))
     lr: float = setting(2.0e-4, "its learning rate", Range(0, 1, 2e-4, low_open=True))
