@@ -131,7 +131,7 @@ def test_a_vllm_actor_checks_the_plugin_and_keeps_a_multi_gpu_engine_on_its_gpus
 @pytest.mark.parametrize("given", ["default", 1, None])
 def test_from_pretrained_sets_threads_as_terra_generate_does(monkeypatch, given) -> None:
     """The Python API and the CLI share one thread rule: ``from_pretrained``'s default is terra-generate's
-    ``num_threads`` (conf/generate.yaml), and the spec it runs sets torch's threads to what the CLI's spec sets."""
+    ``num_threads``, and the spec it runs sets torch's threads to what the CLI's spec sets."""
     from hydra import compose, initialize_config_dir
 
     from terra.apps.runner import CONF_DIR

@@ -47,8 +47,8 @@ SCRIPTS = Path(__file__).resolve().parents[1]
 if str(SCRIPTS) not in sys.path:  # scripts/: the benchmarks' shared code is its package bench.lib
     sys.path.append(str(SCRIPTS))
 
-from bench.lib.cli import (CHECKOUT, DRAFT_TOKENS, Parser, check_output, exit_2_on_input_error,  # noqa: E402
-                           in_range, listed, one_of)
+from bench.lib.cli import (CHECKOUT, DRAFT_TOKENS, Parser, check_output, compose_config,  # noqa: E402
+                           exit_2_on_input_error, in_range, listed, one_of)
 from bench.lib.occupancy import OCCUPANCY, Occupancy, occupancy_cells  # noqa: E402
 from terra.core.atomic import json_text, write_text  # noqa: E402
 from terra.core.errors import TerraInputError  # noqa: E402
@@ -95,10 +95,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_generate(overrides: list[str], frames: int) -> dict:
     """terra-generate's run of one sample: its block, passes a frame, seconds a frame (the sidecar's) and the
     process's CPU seconds a frame while it generated."""
-    from hydra import compose, initialize_config_dir
-
     from terra.apps.generate import generate_spec, run
-    from terra.apps.runner import CONF_DIR
     from terra.pipeline import WorldModelPipeline
 
     generate, cpu, occupancy = WorldModelPipeline.generate, [], []
@@ -113,8 +110,7 @@ def run_generate(overrides: list[str], frames: int) -> dict:
             occupancy.append(busy.figures)
 
     with tempfile.TemporaryDirectory() as folder:
-        with initialize_config_dir(config_dir=CONF_DIR, version_base=None):
-            cfg = compose("generate", [*overrides, f"num_frames={frames}", "num_samples=1", "output.formats=[gif]"])
+        cfg = compose_config("generate", [*overrides, f"num_frames={frames}", "num_samples=1", "output.formats=[gif]"])
         WorldModelPipeline.generate = timed
         try:
             run(generate_spec(cfg), Path(folder) / "out")

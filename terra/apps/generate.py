@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Dict, Optional
 
 import hydra
 import numpy as np
@@ -16,23 +18,69 @@ from omegaconf import DictConfig
 
 from terra.apps.runner import CONFIG_PATH, check_added_settings, remove_empty_run_dir, run_app, shielded, task
 from terra.config.files import declared_route_tokens
-from terra.config.checks import MAX_FRAMES, SEED, Range, check_settings, check_whole_number, plain, select
+from terra.config.checks import MAX_FRAMES, SEED, Range, check_whole_number, plain, select
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
-from terra.config.spec import RunSpec, run_spec
+from terra.config.schema import check_schema, group, setting
+from terra.config.spec import RunConfig, RunSpec, check_decoder_name, run_spec
 from terra.contract.routes import route_summary
 from terra.core.errors import TerraInputError, clipped
 from terra.core.folders import missing_folders, remove_empty_folders
 from terra.inputs.actions import check_input_files
 from terra.inputs.routes import ROAD, GivenRoutes, road_of_setting
-from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES, check_manoeuvre_params
+from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRE_RANGES, MANOEUVRES, manoeuvre_trajectory
 
 APP = "terra-generate"
-SETTINGS = {  # num_frames, 1 .. max_num_frames, is checked against the cap
-    "max_num_frames": Range(1, MAX_FRAMES, 1000, whole=True),
-    "num_samples": Range(1, 256, 4, whole=True),
-    "seed": SEED,
-}
+FRAME_CAP = Range(1, MAX_FRAMES, 1000, whole=True)  # max_num_frames
+
+
+def _parameter(name: str, used_by: str) -> Any:
+    """A manoeuvre parameter's field: null is the manoeuvre's own default; its range is the manoeuvres' table's."""
+    default = inspect.signature(manoeuvre_trajectory).parameters[name].default
+    return setting(None, f"null: {default:g}; {used_by}", dataclasses.replace(MANOEUVRE_RANGES[name], nullable=True))
+
+
+@dataclass
+class ManoeuvreParams:
+    speed_kmh: Optional[float] = _parameter("speed_kmh", "every manoeuvre, follow_lane's too")
+    radius_m: Optional[float] = _parameter("radius_m", "curves")
+    accel_mps2: Optional[float] = _parameter("accel_mps2", "accelerate, decelerate, stop")
+    lane_width_m: Optional[float] = _parameter("lane_width_m", "lane changes")
+    change_s: Optional[float] = _parameter("change_s", "lane changes")
+
+
+@dataclass
+class GenerateConfig(RunConfig):
+    """terra-generate's settings."""
+
+    output: Dict[str, Any] = group()
+    refiner: Dict[str, Any] = group()
+    context: Any = setting(None, "folder, glob, image list or video file; null = built-in frames rendered by "
+                                 "terra.sim")
+    num_context: int = setting(3, "context frames (the last ones of `context`); at least 1 and below the world "
+                                  "model's window")
+    trajectory: Optional[str] = setting(None, "trajectory file (.json / .csv / .npy: Trajectories above); frame 0 = "
+                                              "first context frame. A JSON one may give a road beside it: \"road\": "
+                                              "[[x, y], ...] (its world frame) or \"ego_routes\" (each frame's route, "
+                                              "rows [x, y]): docs/generate.md, \"Routes\"")
+    road: Any = setting(None, "the road every frame's route is told from, in the drive's world frame (the "
+                              "trajectory's, or the manoeuvre's: from the origin heading +x): road.json / road.csv, a "
+                              "clipgt .zip or folder, or inline [[x, y], ...]; checked before any model loads")
+    manoeuvre: str = setting("accelerate", "used when trajectory is null; follow_lane: the built-in scene's road, "
+                                           "bends and all (context null; its route is the road); the default stays "
+                                           "in its lane (every built-in scene starts on a straight of 30 m or more)",
+                             choices=(*MANOEUVRES, FOLLOW_LANE))
+    manoeuvre_params: ManoeuvreParams = setting(ManoeuvreParams(), "")
+    num_frames: int = setting(16, "frames to generate after the context; 1 .. max_num_frames", check=lambda value: (
+        check_whole_number(value, "num_frames", 1, "num_frames=16", bounds="from 1 to max_num_frames")))
+    max_num_frames: int = setting(1000, "cap on num_frames (100 s at 10 Hz): a typo such as num_frames=16000 fails "
+                                        "at once", FRAME_CAP)
+    num_samples: int = setting(1, "rollouts with seeds seed, seed+1, ...; more than one also writes a grid video",
+                               Range(1, 256, 4, whole=True))
+    seed: int = setting(0, "", SEED)
+    decoder: str = setting("tokenizer", "how codes become frames: tokenizer (its decoder, at the tokenizer's image "
+                                        "size: 144x256 for the demo's) | refiner (Terra's video refiner, 384x640, GPU)",
+                           check=check_decoder_name)
 
 
 @dataclass(frozen=True)
@@ -54,31 +102,26 @@ class GenerateSpec:
 
 def generate_spec(cfg: DictConfig) -> GenerateSpec:
     """Every setting checked once, without reading a file or importing torch."""
-    output = OutputSpec.from_mapping(select(cfg, "output"))
-    values = check_settings(cfg, SETTINGS)
-    num_frames, cap = select(cfg, "num_frames"), values["max_num_frames"]
+    num_frames, cap = select(cfg, "num_frames"), FRAME_CAP.check(select(cfg, "max_num_frames"), "max_num_frames")
     if isinstance(num_frames, int) and not isinstance(num_frames, bool) and num_frames > cap:
         raise TerraInputError(f"num_frames={num_frames} is more than max_num_frames={cap}; generate fewer frames or "
                               f"raise the cap, e.g. max_num_frames={num_frames}")
-    values["num_frames"] = check_whole_number(num_frames, "num_frames", 1, "num_frames=16", cap,
-                                              bounds=f"from 1 to max_num_frames ({cap})")
-    params = check_manoeuvre_params(select(cfg, "manoeuvre_params"))
-    context = select(cfg, "context")
-    if cfg.trajectory is None and cfg.manoeuvre not in (*MANOEUVRES, FOLLOW_LANE):
-        raise TerraInputError(f"unknown manoeuvre {cfg.manoeuvre!r}; choose one of: {', '.join(MANOEUVRES)}, "
-                              f"{FOLLOW_LANE}")
-    if cfg.trajectory is None and cfg.manoeuvre == FOLLOW_LANE and context is not None:
+    check_whole_number(num_frames, "num_frames", 1, "num_frames=16", cap, bounds=f"from 1 to max_num_frames ({cap})")
+    values = check_schema(cfg, GenerateConfig)
+    output = OutputSpec.from_mapping(select(cfg, "output"))
+    params = {key.removeprefix("manoeuvre_params."): value for key, value in values.items()
+              if key.startswith("manoeuvre_params.") and value is not None}
+    context, road, trajectory, manoeuvre = values["context"], values["road"], values["trajectory"], values["manoeuvre"]
+    if trajectory is None and manoeuvre == FOLLOW_LANE and context is not None:
         raise TerraInputError(f"manoeuvre={FOLLOW_LANE} keeps the lane of the built-in scene's road, which frames of "
                               "your own do not have; leave context unset, or give your drive as trajectory=FILE")
-    road = select(cfg, "road")
-    if road is not None and cfg.trajectory is None and cfg.manoeuvre == FOLLOW_LANE:
+    if road is not None and trajectory is None and manoeuvre == FOLLOW_LANE:
         raise TerraInputError(f"road= with manoeuvre={FOLLOW_LANE}: follow_lane drives the built-in scene's own road; "
                               "give another manoeuvre, or your drive as trajectory=FILE")
     return GenerateSpec(run_spec(cfg), output, values["num_frames"], values["num_samples"], values["seed"],
                         context if context is None or isinstance(context, list) else str(context),
-                        None if cfg.trajectory is None else str(cfg.trajectory),
-                        road if road is None or isinstance(road, list) else str(road), str(cfg.manoeuvre), params,
-                        plain(cfg))
+                        None if trajectory is None else str(trajectory),
+                        road if road is None or isinstance(road, list) else str(road), manoeuvre, params, plain(cfg))
 
 
 def check_road_drive(drive: Any, num_context: int, num_frames: int, route_tokens: int,

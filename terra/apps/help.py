@@ -59,17 +59,6 @@ def _drive_choices() -> dict[str, str]:
     }
 
 
-def _generate_choices() -> dict[str, str]:
-    from terra.config.spec import DECODERS
-    from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRES
-
-    return {"manoeuvre": f"{', '.join(MANOEUVRES)} (when trajectory is null); {FOLLOW_LANE} (the built-in scene's "
-                         "road, bends and all, at speed_kmh; context null)",
-            "manoeuvre_params": "speed_kmh (all), radius_m (curves), accel_mps2 (accelerate, decelerate, stop), "
-                                "lane_width_m and change_s (lane changes)",
-            "decoder": " | ".join(DECODERS)}
-
-
 TRAJECTORIES = """\
 .json  an object with one trajectory form: "instruction_trajs" [T, 60, 2|3] (ACT-Bench, ego frame of each frame,
        20 Hz), "trajectory" {"x": [...], "y": [...], "yaw"?, "t"? or "rate_hz"?} (world frame, metres, 10 Hz),
@@ -112,7 +101,7 @@ PAGES: dict[str, Page] = {  # config name -> its page
          "transitions (vllm: auto | previous), output.fps 1 .. 60, backend.options.max_batch_size (hf) 1 .. 4096,\n"
          "backend.options.passes_per_step (vllm, speculative) null or 1 .. 64.\n"
          "Quote values with spaces or non-ASCII letters for Hydra: \"context='/data/Fahrten 1/'\".")),
-        _generate_choices),
+        schema="terra.apps.generate:GenerateConfig"),
     "rollout": Page("terra-rollout", "docs/rollout.md", (("Samples (samples=FILE.jsonl)", SAMPLES),), None,
                     "Exit codes: 0 every sample succeeded (or was complete), 1 some failed (each in the manifest with "
                     "its one-line error),\n2 bad setting or input before any work, 130 / 143 interrupted (a rerun "
