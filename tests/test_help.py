@@ -140,3 +140,17 @@ def test_the_decoders_frame_size_is_the_demo_tokenizers(name):
     [line] = re.findall(r"^decoder: tokenizer +#.*(?:\n +#.*)*", page_template(name), re.M)
     said = re.findall(r"(\d+)x(\d+)\s*#?\s*for the demo's", line)
     assert said == [tuple(str(n) for n in load_tokenizer(ASSETS / "demo" / "tokenizer").image_size)], line
+
+
+def test_the_groups_settings_on_generates_page_are_the_ranges_checked(monkeypatch):
+    """The ranges of sampling.*, output.fps and backend.options.* on terra-generate's page are those their checks use:
+    a range changed in its table is the page's."""
+    from terra.config import backend, sampling
+    from terra.config.checks import Range
+
+    monkeypatch.setitem(sampling.SAMPLING, "top_k", Range(0, 77, 0, whole=True))
+    monkeypatch.setitem(backend.BACKEND_OPTIONS["vllm"], "passes_per_step", Range(1, 9, 3, whole=True))
+    page = page_template("generate")
+    assert re.search(r"\n  sampling\.top_k +0 \.\. 77 \(0 = off\)\n", page), page
+    assert re.search(r"\n  backend\.options\.passes_per_step +1 \.\. 9 \(vllm\)\n", page), page
+    assert re.search(r"\n  output\.fps +1\.0 \.\. 60\.0\n", page) and "sampling.guesses" in page

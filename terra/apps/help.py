@@ -14,7 +14,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 import terra.conf
-from terra.config.schema import register_schema, settings_help
+from terra.config.checks import Range
+from terra.config.schema import allowed_values, register_schema, settings_help
 
 CONF_DIR = Path(terra.conf.__file__).resolve().parent
 EXIT_CODES = ("Exit codes: 0 done, 2 bad input or setting (one line on stderr), 130 / 143 interrupted,\n1 internal "
@@ -29,7 +30,7 @@ class Page:
 
     prog: str
     docs: str
-    sections: tuple[tuple[str, str], ...] = ()
+    sections: tuple[tuple[str, str | Callable[[], str]], ...] = ()
     choices: Callable[[], dict[str, str]] | None = None
     exit_codes: str = EXIT_CODES
     schema: str = ""
@@ -57,6 +58,25 @@ def _drive_choices() -> dict[str, str]:
         "controls": f"{', '.join(CONTROL_WORLDS)}, all, package.module:Class (world=both)",
         "vehicle": " | ".join(VEHICLES),
     }
+
+
+def _group_settings() -> str:
+    """The ranges and choices of the groups' settings, from the tables that check them."""
+    from terra.config.backend import BACKEND_OPTIONS
+    from terra.config.sampling import DECODINGS, GUESSES, SAMPLING
+    from terra.decoder.writers import MAX_FPS, MIN_FPS
+
+    rows = {f"sampling.{name}": allowed_values(limits) for name, limits in SAMPLING.items()}
+    rows |= {"sampling.draft_tokens": f"auto | {rows['sampling.draft_tokens']}",
+             "sampling.decoding": allowed_values(DECODINGS), "sampling.guesses": allowed_values(GUESSES),
+             "output.fps": allowed_values(Range(MIN_FPS, MAX_FPS, 10))}
+    for backend, options in BACKEND_OPTIONS.items():
+        rows |= {f"backend.options.{name}": f"{allowed_values(kind)} ({backend})" for name, kind in options.items()
+                 if isinstance(kind, (Range, tuple))}
+    notes = {"sampling.temperature": "0 = greedy", "sampling.top_k": "0 = off",
+             "sampling.decoding": "speculative: several tokens per forward pass, the same codes",
+             "sampling.guesses": "vllm: auto | previous"}
+    return _rows({key: f"{value} ({notes[key]})" if key in notes else value for key, value in rows.items()}, indent=0)
 
 
 TRAJECTORIES = """\
@@ -94,13 +114,8 @@ An example: docs/train.md, "Driving logs" (the rules: terra/inputs/driving_logs.
 PAGES: dict[str, Page] = {  # config name -> its page
     "generate": Page("terra-generate", "docs/generate.md", (
         ("Trajectories (trajectory=FILE; frame 0 is the first context frame)", TRAJECTORIES),
-        ("Settings of the groups",
-         "sampling.temperature 0 .. 10 (0 = greedy), sampling.top_k 0 .. 1048576 (0 = off), sampling.top_p above\n"
-         "0 .. 1, sampling.decoding auto | sequential | speculative (several tokens per forward pass, the same\n"
-         "codes), sampling.draft_tokens auto | 1 .. 4096, sampling.guesses auto | lookahead | previous |\n"
-         "transitions (vllm: auto | previous), output.fps 1 .. 60, backend.options.max_batch_size (hf) 1 .. 4096,\n"
-         "backend.options.passes_per_step (vllm, speculative) null or 1 .. 64.\n"
-         "Quote values with spaces or non-ASCII letters for Hydra: \"context='/data/Fahrten 1/'\".")),
+        ("Settings of the groups", lambda: _group_settings() + "\nQuote values with spaces or non-ASCII letters "
+                                                                  "for Hydra: \"context='/data/Fahrten 1/'\".")),
         schema="terra.apps.generate:GenerateConfig"),
     "rollout": Page("terra-rollout", "docs/rollout.md", (("Samples (samples=FILE.jsonl)", SAMPLES),), None,
                     "Exit codes: 0 every sample succeeded (or was complete), 1 some failed (each in the manifest with "
@@ -200,7 +215,8 @@ def page_template(config_name: str, prog: str | None = None) -> str:
     text = (CONF_DIR / f"{config_name}.yaml").read_text()
     parts = [_literal(opening_comment(text)),
              _literal(f"Usage: {page.prog} [KEY=VALUE ...] [--cfg job] [--verbose]")]
-    parts += [f"== {_literal(title)} ==\n{_literal(_indented(body))}" for title, body in page.sections]
+    parts += [f"== {_literal(title)} ==\n{_literal(_indented(body() if callable(body) else body))}"
+              for title, body in page.sections]
     if page.choices is not None:
         try:
             choices = _rows(page.choices())
@@ -233,11 +249,11 @@ def foreign_page(config_name: str, prog: str | None) -> str:
     return "\n\n".join(parts)
 
 
-def _rows(rows: dict[str, str]) -> str:
+def _rows(rows: dict[str, str], indent: int = 2) -> str:
     """``name value`` lines, the values aligned and wrapped at :data:`WIDTH` columns."""
     width = max(len(name) for name in rows)
-    return "\n".join(textwrap.fill(value, WIDTH, initial_indent=f"  {name.ljust(width)}  ",
-                                   subsequent_indent=" " * (width + 4), break_on_hyphens=False)
+    return "\n".join(textwrap.fill(value, WIDTH, initial_indent=f"{' ' * indent}{name.ljust(width)}  ",
+                                   subsequent_indent=" " * (width + indent + 2), break_on_hyphens=False)
                      for name, value in rows.items())
 
 

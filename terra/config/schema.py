@@ -14,7 +14,7 @@ from hydra.core.config_store import ConfigStore
 from terra.config.checks import Range, check_choice, check_flag, known_settings, select, shown
 from terra.core.errors import TerraInputError
 
-__all__ = ["Setting", "block_settings", "check_schema", "flag", "group", "refusal", "register_schema",
+__all__ = ["Setting", "allowed_values", "block_settings", "check_schema", "flag", "group", "refusal", "register_schema",
            "schema_settings", "setting", "settings_help"]
 
 
@@ -73,14 +73,18 @@ class Setting:
 
     def bounds(self) -> str:
         """The values allowed, as the help page shows them ("" for any of its type)."""
-        if self.choices is not None:
-            return " | ".join("null" if choice is None else str(choice) for choice in self.choices)
-        if self.range is None:
-            return ""
-        low, high = (int(self.range.low), int(self.range.high)) if self.range.whole else (self.range.low,
-                                                                                          self.range.high)
-        text = f"above {low:g} .. {high:g}" if self.range.low_open else f"{low} .. {high}"
-        return f"null or {text}" if self.range.nullable else text
+        return allowed_values(self.choices if self.choices is not None else self.range)
+
+
+def allowed_values(allowed: Range | tuple | None) -> str:
+    """A range or choices as a help page shows them: ``1 .. 64``, ``null or above 0 .. 1``, ``a | b`` ("" for None)."""
+    if isinstance(allowed, tuple):
+        return " | ".join("null" if choice is None else str(choice) for choice in allowed)
+    if allowed is None:
+        return ""
+    low, high = (int(allowed.low), int(allowed.high)) if allowed.whole else (allowed.low, allowed.high)
+    text = f"above {low:g} .. {high:g}" if allowed.low_open else f"{low} .. {high}"
+    return f"null or {text}" if allowed.nullable else text
 
 
 def _type_name(kind: Any) -> str:
