@@ -35,7 +35,6 @@ FRAME_CAP = Range(1, MAX_FRAMES, 1000, whole=True)  # max_num_frames
 
 
 def _parameter(name: str, used_by: str) -> Any:
-    """A manoeuvre parameter's field: null is the manoeuvre's own default; its range is the manoeuvres' table's."""
     default = inspect.signature(manoeuvre_trajectory).parameters[name].default
     return setting(None, f"null: {default:g}; {used_by}", dataclasses.replace(MANOEUVRE_RANGES[name], nullable=True))
 
@@ -51,8 +50,6 @@ class ManoeuvreParams:
 
 @dataclass
 class GenerateConfig(RunConfig):
-    """terra-generate's settings."""
-
     output: Dict[str, Any] = group()
     refiner: Dict[str, Any] = group()
     context: Any = setting(None, "folder, glob, image list or video file; null = built-in frames rendered by "

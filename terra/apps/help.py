@@ -61,7 +61,6 @@ def _drive_choices() -> dict[str, str]:
 
 
 def _group_settings() -> str:
-    """The ranges and choices of the groups' settings, from the tables that check them."""
     from terra.config.backend import BACKEND_OPTIONS
     from terra.config.sampling import DECODINGS, GUESSES, SAMPLING
     from terra.decoder.writers import MAX_FPS, MIN_FPS

@@ -72,7 +72,6 @@ class Setting:
         return f"{self.key} must be {_type_name(self.type)} (got {shown(value)})"
 
     def bounds(self) -> str:
-        """The values allowed, as the help page shows them ("" for any of its type)."""
         return allowed_values(self.choices if self.choices is not None else self.range)
 
 
