@@ -23,8 +23,6 @@ def _road(value: Any) -> str:
 
 @dataclass
 class DriveRunConfig(RunConfig):
-    """A run's settings: the policies, the scenarios, the world and how the drives run."""
-
     num_context: int = setting(3, "context frames each drive starts from; at least 1 and below the world model's "
                                   "window")
     policies: Any = setting(["route_follower", "constant_speed", "lane_follower", "lane_follower_bias_left"],

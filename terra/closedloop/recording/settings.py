@@ -85,7 +85,6 @@ class DriveSettings:
                 "tokenizer": checkpoint_digest(run.tokenizer), "backend": run.backend, "dtype": run.dtype, **told}
 
     def run_settings(self, progress: bool, folder: Path | None = None) -> RunSettings:
-        """How the drives run and where they go."""
         return RunSettings(self.output.path if folder is None else folder, self.num_steps, self.policy_timeout_s,
                            max_concurrent=self.max_concurrent, resume=self.resume, progress=progress,
                            manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),

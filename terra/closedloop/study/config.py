@@ -12,13 +12,14 @@ from terra.core.errors import TerraInputError
 
 UNTIL = ("once", "decided")  # until: the study's num_scenarios once | rounds of more until decided
 SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
+EVERY_WORLD = Range(0, 256, 2, whole=True)  # shard_processes.all, unless cores
 
 
 def _every_world(value: Any) -> int | str:
     if isinstance(value, str) and value != "cores":
         raise TerraInputError(f"shard_processes.all must be cores (one per core this run may use) or a whole number "
-                              f"from 0 to 256 (got {value}); e.g. shard_processes.all=2")
-    return value if value == "cores" else Range(0, 256, 2, whole=True).check(value, "shard_processes.all")
+                              f"from 0 to {EVERY_WORLD.high:g} (got {value}); e.g. shard_processes.all=2")
+    return value if value == "cores" else EVERY_WORLD.check(value, "shard_processes.all")
 
 
 @dataclass
@@ -29,15 +30,13 @@ class ShardProcessesBlock:
                          Range(0, 256, 6, whole=True))
     kv_cache_gib: Optional[float] = setting(None, "vLLM: each engine shard's KV cache (null: vLLM sizes it; give it "
                                                   "with several engines)", Range(0.1, 1024, 2, nullable=True))
-    all: Any = setting(0, "shards of every world alike, each a share of every world's drives: a number from 0 to "
-                          "256 (0 or 1: the study in this process) or cores (one per core this run may use); not "
-                          "with engine or scene", check=_every_world)
+    all: Any = setting(0, "shards of every world alike, each a share of every world's drives: a count (0 or 1: the "
+                          "study in this process) or cores (one per core this run may use); not with engine or scene",
+                       check=_every_world)
 
 
 @dataclass
 class DriveConfig(DriveRunConfig):
-    """terra-drive's settings, the fidelity study's own (world=both) last."""
-
     controls: Any = setting(["all"], "worlds known to be wrong, judged beside the model so the verdict is seen to "
                                      "fail: all (every built-in one) or a list; Choices below")
     num_control_scenarios: Optional[int] = setting(None, "the controls drive only the study's first this many "

@@ -50,7 +50,6 @@ FIELDS = {item.key: item for item in schema_settings(DriveConfig)}
 
 
 def _checked(cfg: DictConfig, key: str) -> Any:
-    """The study's setting ``key``, checked by its field."""
     return FIELDS[key].check(select(cfg, key))
 
 
@@ -200,7 +199,6 @@ def study_shard(settings: StudySettings, shard_worlds: str, shard_index: int, nu
 
 def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float, route_tokens: int
               ) -> tuple[str, ...]:
-    """The ``controls`` setting."""
     entries = [value] if isinstance(value, str) else list(value or [])
     if not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"controls must be a list of world names, e.g. controls=[frozen,gray] (built in: "
