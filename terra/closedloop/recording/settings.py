@@ -11,13 +11,13 @@ from omegaconf import DictConfig
 from terra.closedloop.loop import drive_id
 from terra.closedloop.plans import Policy
 from terra.closedloop.policies.builtin import ALL_PIXEL, ALL_REFERENCE, policy_args, policy_factories, policy_names
+from terra.closedloop.recording.config import DriveRunConfig
 from terra.closedloop.recording.files import claim_drive_folder
 from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenario_maps import SCENE_ROAD, with_maps
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
 from terra.closedloop.user_world import is_world_target, world_class, world_name
 from terra.closedloop.worlds import World
-from terra.closedloop.recording.config import DriveRunConfig
 from terra.config.checks import did_you_mean, required_path, select, shown
 from terra.config.files import checkpoint_digest
 from terra.config.manifest import manifest_name

@@ -11,8 +11,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from terra.closedloop.loop import drive_id
 from terra.closedloop.recording.settings import DriveSettings, checked_run, checked_shard, drive_settings, run_inputs
-from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_WORLDS, ROUTE_CONTROLS, control_world
 from terra.closedloop.study.config import DriveConfig
+from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_WORLDS, ROUTE_CONTROLS, control_world
 from terra.closedloop.study.processes import ShardProcesses, setting
 from terra.closedloop.study.report import StudyFolders, claim_study_folders, study_drives
 from terra.closedloop.study.rounds import Until
@@ -26,6 +26,7 @@ from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError
 
 ROUND_SETTINGS = ("num_scenarios", "exploitability", "until", "until_minutes", "until_scenarios")  # a round's own
+FIELDS = {item.key: item for item in schema_settings(DriveConfig)}  # terra-drive's settings by key
 FIDELITY_STEPS = 200  # num_steps=null: 20 s drives (AlpaSim's ``duration_frac_20s``)
 
 
@@ -44,9 +45,6 @@ class StudySettings:
     shard_processes: ShardProcesses = ShardProcesses()  # shards on this machine, or per GPU with Ray
     overrides: tuple[str, ...] = ()  # the command's settings, as the shard processes are given them
     until: Until | None = None  # until=decided: rounds of more scenarios
-
-
-FIELDS = {item.key: item for item in schema_settings(DriveConfig)}
 
 
 def _checked(cfg: DictConfig, key: str) -> Any:
