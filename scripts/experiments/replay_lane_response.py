@@ -34,7 +34,9 @@ from pathlib import Path
 
 import numpy as np
 
+from terra.closedloop.recording.config import DriveRunConfig
 from terra.config.assets import demo_checkpoints
+from terra.config.schema import schema_settings
 from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ
 from terra.core.atomic import atomic_path, json_text, write_text
 from terra.core.errors import TerraInputError
@@ -49,8 +51,8 @@ from bench.lib.cli import Parser, check_output, exit_2_on_input_error, existing,
 TOLD = ("forecast", "driven", "held")
 FUTURE_STEPS = int(np.ceil(ACTION_TIMES[-1] * FRAME_RATE_HZ))  # the steps of poses an action reads past its own
 BOOTSTRAPS = 2000
-MAX_FRAMES = 10_000  # terra-drive's num_steps bound (conf/drive.yaml)
-MAX_SCENARIOS = 100_000  # terra-drive's num_scenarios bound (conf/drive.yaml)
+DRIVE = {item.key: item.range for item in schema_settings(DriveRunConfig)}  # terra-drive's bounds
+MAX_FRAMES, MAX_SCENARIOS = int(DRIVE["num_steps"].high), int(DRIVE["num_scenarios"].high)
 
 
 def driven_action(poses: np.ndarray, k: int) -> np.ndarray:

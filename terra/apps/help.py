@@ -45,7 +45,7 @@ def _drive_choices() -> dict[str, str]:
     from terra.closedloop.policies.builtin import (
         ALL_PIXEL, ALL_REFERENCE, NO_PIXELS, PROBE_POLICIES, REFERENCE_POLICIES,
     )
-    from terra.closedloop.recording.settings import VEHICLES, WORLDS
+    from terra.closedloop.recording.settings import WORLDS
     from terra.closedloop.study.settings import CONTROL_WORLDS
 
     pixel = [name for name in REFERENCE_POLICIES if name not in NO_PIXELS]
@@ -56,7 +56,6 @@ def _drive_choices() -> dict[str, str]:
                      "navsim:package.module:Class (a NAVSIM agent, from the working folder or PYTHONPATH)"),
         "world": f"{' | '.join(WORLDS)} | package.module:Class (your own, from the working folder)",
         "controls": f"{', '.join(CONTROL_WORLDS)}, all, package.module:Class (world=both)",
-        "vehicle": " | ".join(VEHICLES),
     }
 
 
@@ -127,7 +126,8 @@ PAGES: dict[str, Page] = {  # config name -> its page
          "terra-prepare-logs reads them (docs/train.md, \"Driving logs\"); or a batch JSONL of samples\n"
          "(docs/rollout.md, \"Samples\")."),), _drive_choices,
         "Exit codes: 0 every drive ended well, 1 some drive failed (its reason is in the manifest), 2 bad input or\n"
-        "setting (one line on stderr), 130 / 143 interrupted (a rerun resumes)."),
+        "setting (one line on stderr), 130 / 143 interrupted (a rerun resumes).",
+        schema="terra.closedloop.study.config:DriveConfig"),
     "alpasim": Page("terra-alpasim", "docs/alpasim.md", schema="terra.alpasim.settings:AlpasimConfig"),
     "train_world_model": Page("terra-train", "docs/train.md", (
         ("Data (data.tokens=)", "a shard folder of terra-prepare-logs (its own train/val split) or a tokenized-clips "

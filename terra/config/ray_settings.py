@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, fields
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Mapping, Optional
 
 from terra.config.checks import Range, check_choice
 from terra.config.schema import block_settings, flag, setting
@@ -42,9 +42,9 @@ class RayBlock:
     max_restarts: int = setting(3, "times Ray restarts an actor that died", Range(0, MAX_RESTARTS, 3, whole=True))
     max_retries: int = setting(2, "times a sample whose actor died runs again before it is recorded as failed",
                                Range(0, MAX_RETRIES, 2, whole=True))
-    runtime_env: Optional[Dict[str, Any]] = setting(None, "Ray runtime_env for the actors, e.g. {pip: [/shared/terra]} "
-                                                          "(installs the vLLM plugin's entry point; docs/rollout.md)",
-                                                    check=_runtime_env)
+    # Any: +ray.runtime_env.working_dir=. adds to a null block
+    runtime_env: Any = setting(None, "Ray runtime_env for the actors, e.g. {pip: [/shared/terra]} (installs the vLLM "
+                                     "plugin's entry point; docs/rollout.md)", check=_runtime_env)
     log_to_driver: Any = flag(False, "true: the actors' own output (vLLM's logs, tracebacks) here too; false: only "
                                      "in Ray's session logs (/tmp/ray/session_latest/logs on each node)")
 

@@ -23,16 +23,18 @@ from terra.closedloop.gym.spaces import (ACTION_MODES, REWARDS, action_space, ch
 from terra.closedloop.loop import Drive, DriveSpec, close_drive, start_drive
 from terra.closedloop.outcomes.truth import truth_metrics
 from terra.closedloop.plans import Plan
-from terra.closedloop.recording.settings import SETTINGS
+from terra.closedloop.recording.config import DriveRunConfig
 from terra.closedloop.scenarios import Scenario, check_scenario, synthetic_scenarios
 from terra.closedloop.worlds import TRUTH, TrueWorld, WORLD_METHODS, World
 from terra.config.checks import MAX_SEED, check_choice, check_whole_number, shown
+from terra.config.schema import schema_settings
 from terra.core.errors import TerraInputError
 
 
 RESET_OPTIONS = ("scenario",)  # what reset(options=...) takes
 IMAGE_SIZE = (72, 128)  # the synthetic scenarios' frames (height, width) when none are given
 MAX_PIXELS = 4096  # largest image_size side
+SETTINGS = {item.key: item for item in schema_settings(DriveRunConfig)}  # terra-drive's, checked alike
 KEPT_SCENARIOS = 64  # synthetic scenarios an env keeps built (each is built again when asked for after)
 
 
@@ -87,8 +89,8 @@ def env_scenarios(world: Any, scenarios: Any, num_scenarios: int, scenario_seed:
             raise TerraInputError(f"image_size must be (height, width), e.g. image_size={IMAGE_SIZE} (got "
                                   f"{image_size!r})")
         size = tuple(check_whole_number(n, "image_size", 8, f"image_size={IMAGE_SIZE}", MAX_PIXELS) for n in size)
-        scenarios = SyntheticScenarios(SETTINGS["num_scenarios"].check(num_scenarios, "num_scenarios"),
-                                       SETTINGS["scenario_seed"].check(scenario_seed, "scenario_seed"), size)
+        scenarios = SyntheticScenarios(SETTINGS["num_scenarios"].check(num_scenarios),
+                                       SETTINGS["scenario_seed"].check(scenario_seed), size)
     else:
         scenarios = user_scenarios(scenarios)
         size = tuple(scenarios[0].images.shape[1:3])
@@ -121,7 +123,7 @@ class EnvDrives:
     def __init__(self, world: World | str, scenarios: Sequence[Scenario] | None, num_steps: int, vehicle: str,
                  action_mode: str, reward: str, num_scenarios: int, scenario_seed: int,
                  image_size: Sequence[int]) -> None:
-        self.num_steps = SETTINGS["num_steps"].check(num_steps, "num_steps")
+        self.num_steps = SETTINGS["num_steps"].check(num_steps)
         self.vehicle = check_choice(vehicle, "vehicle", VEHICLES)
         self.action_mode = check_choice(action_mode, "action_mode", ACTION_MODES)
         self.reward = check_choice(reward, "reward", REWARDS)

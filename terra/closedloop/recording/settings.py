@@ -9,46 +9,24 @@ from typing import Any, Callable, Sequence
 from omegaconf import DictConfig
 
 from terra.closedloop.loop import drive_id
-from terra.closedloop.car.motion import VEHICLES
 from terra.closedloop.plans import Policy
 from terra.closedloop.policies.builtin import ALL_PIXEL, ALL_REFERENCE, policy_args, policy_factories, policy_names
+from terra.closedloop.recording.config import DriveRunConfig
 from terra.closedloop.recording.files import claim_drive_folder
 from terra.closedloop.recording.run import RunSettings
 from terra.closedloop.scenario_maps import SCENE_ROAD, with_maps
 from terra.closedloop.scenarios import SYNTHETIC, ScenarioSource, scenario_source
 from terra.closedloop.user_world import is_world_target, world_class, world_name
 from terra.closedloop.worlds import World
-from terra.config.checks import (
-    MAX_FRAMES,
-    SEED,
-    Range,
-    check_choice,
-    check_flag,
-    check_settings,
-    did_you_mean,
-    required_path,
-    select,
-    shown,
-)
+from terra.config.checks import did_you_mean, required_path, select, shown
 from terra.config.files import checkpoint_digest
 from terra.config.manifest import manifest_name
 from terra.config.output_dir import OutputDir
 from terra.config.ray_settings import RaySettings, check_executor
+from terra.config.schema import check_schema
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 
-SETTINGS = {
-    "num_scenarios": Range(1, 100_000, 4, whole=True),
-    "scenario_seed": SEED,
-    "num_steps": Range(1, MAX_FRAMES, 20, whole=True, nullable=True),
-    "num_seeds": Range(1, 1000, 1, whole=True),
-    "seed": SEED,
-    "policy_timeout_s": Range(0.001, 3600, 30),
-    "max_concurrent": Range(1, 4096, 64, whole=True),
-    "writer_processes": Range(0, 256, 1, whole=True),
-    "num_shards": Range(1, 1 << 20, 4, whole=True),
-    "shard_index": Range(0, (1 << 20) - 1, 0, whole=True),
-}
 WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class;
 # both: the fidelity study, which wraps this run
 DEMO_STEPS = 20  # num_steps=null: 2 s drives (the study's own default: settings)
@@ -107,7 +85,6 @@ class DriveSettings:
                 "tokenizer": checkpoint_digest(run.tokenizer), "backend": run.backend, "dtype": run.dtype, **told}
 
     def run_settings(self, progress: bool, folder: Path | None = None) -> RunSettings:
-        """How the drives run and where they go."""
         return RunSettings(self.output.path if folder is None else folder, self.num_steps, self.policy_timeout_s,
                            max_concurrent=self.max_concurrent, resume=self.resume, progress=progress,
                            manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
@@ -118,55 +95,50 @@ class DriveSettings:
 
 def checked_run(cfg: DictConfig) -> DriveSettings:
     """Every setting of the run itself checked once (drive less the study's), one line for a bad one."""
-    values = check_settings(cfg, SETTINGS)
+    values = check_schema(cfg, DriveRunConfig)
     shard, shards = values["shard_index"], values["num_shards"]
     if shard >= shards:
         raise TerraInputError(f"shard_index={shard} must be below num_shards={shards} (shards are numbered "
                               f"0..{shards - 1})")
-    entries = select(cfg, "policies")
+    entries = values["policies"]
     entries = [entries] if isinstance(entries, str) else list(entries or [])
     if not entries or not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"policies must be a list of policy names, e.g. policies=[lane_follower,route_follower] "
                               f"(or {ALL_REFERENCE}, {ALL_PIXEL})")
     names = policy_names(entries)
-    args = policy_args(names, select(cfg, "navsim_args"))
+    args = policy_args(names, values["navsim_args"])
     timeout_s = float(values["policy_timeout_s"])
     policies = policy_factories(names, timeout_s, values["seed"], args)
-    world, user_worlds = select(cfg, "world"), {}
+    world, user_worlds = values["world"], {}
     if isinstance(world, str) and is_world_target(world):
         user_worlds[world_name(world)] = (world, world_class(world, "world", timeout_s))
         world = world_name(world)
     elif world not in WORLDS:
         raise TerraInputError(f"unknown world {shown(world)}{did_you_mean(world, WORLDS)}; choose one of: "
                               f"{', '.join(WORLDS)}, or package.module:Class (a world of your own: docs/drive.md)")
-    vehicle = check_choice(select(cfg, "vehicle"), "vehicle", VEHICLES)
-    setting = str(select(cfg, "scenarios"))
-    executor = check_executor(select(cfg, "executor"))
+    setting = str(values["scenarios"])
+    executor = check_executor(values["executor"])
     ray = RaySettings.parse(select(cfg, "ray"))
-    image_root = select(cfg, "image_root")
+    image_root = values["image_root"]
     if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
         raise TerraInputError(f"image_root={image_root} is not a folder; point it at the context frames' root")
     scenarios = scenario_source(setting, values["num_scenarios"], values["scenario_seed"],
                                 None if image_root is None else str(image_root))
-    road = select(cfg, "road")
-    if not isinstance(road, str) or not road:
-        raise TerraInputError(f"road must be {SCENE_ROAD}, a road file (.json, .csv, a clipgt .zip) or a folder of "
-                              f"clipgt maps (got {shown(road)})")
+    road = values["road"]
     run = run_spec(cfg)
     scenarios = with_maps(scenarios, road, run.num_context)
     if world in ("truth", "both") and scenarios.kind != SYNTHETIC:
         raise TerraInputError(f"world={world} needs synthetic scenarios (the true world renders their scenes)")
     every = [(i, name, k) for i in range(len(scenarios.ids)) for name in policies for k in range(values["num_seeds"])]
-    videos = check_flag(select(cfg, "videos"), "videos")
-    estimator = None if select(cfg, "estimator") is None else required_path(cfg, "estimator", "ACT-Estimator")
+    estimator = None if values["estimator"] is None else required_path(cfg, "estimator", "ACT-Estimator")
     if estimator is not None and not (estimator / "config.json").is_file():
         raise TerraInputError(f"estimator={estimator} holds no config.json; give the ACT-Estimator's folder")
     num_steps = DEMO_STEPS if values["num_steps"] is None else values["num_steps"]
     return DriveSettings(
         run, policies, args, scenarios, tuple(every), values["num_seeds"], world, (world,), user_worlds,
-        vehicle, num_steps, values["seed"], timeout_s, values["max_concurrent"], values["writer_processes"],
-        check_flag(select(cfg, "resume"), "resume"), check_flag(select(cfg, "progress"), "progress"), estimator, shard,
-        shards, executor, ray, videos, None, road=road if road == SCENE_ROAD else str(Path(road).expanduser()))
+        values["vehicle"], num_steps, values["seed"], timeout_s, values["max_concurrent"], values["writer_processes"],
+        values["resume"], values["progress"], estimator, shard, shards, executor, ray, values["videos"], None,
+        road=road if road == SCENE_ROAD else str(Path(road).expanduser()))
 
 
 def shard_of(settings: DriveSettings, drives: Sequence[tuple[int, str, int]]) -> tuple[tuple[int, str, int], ...]:
@@ -196,7 +168,7 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     """Every setting of a run in one world checked, this shard's drives taken and ``output_dir`` claimed."""
     settings = checked_run(cfg)
     if settings.world == "both":
-        raise ValueError("world=both is the fidelity study: terra/closedloop/study/settings.py checks its settings")
+        raise ValueError("world=both is the fidelity study: terra_drive_settings checks its settings")
     settings = replace(settings, drives=shard_of(settings, settings.drives))
     manifest = manifest_name(shard_index=settings.shard_index, num_shards=settings.num_shards)
     output = claim_drive_folder(output_dir, settings.drive_ids, settings.videos, manifest=manifest,

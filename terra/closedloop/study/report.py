@@ -30,7 +30,6 @@ from terra.fidelity.horizon import horizon_text, shown_seconds
 from terra.stats import FAIL, INCONCLUSIVE, PASS, Bootstrap, Interval, mean, paired_difference
 
 REPORT_FILES = ("fidelity.json", "fidelity.md")
-SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
 COLUMNS = {  # per policy: name -> its title in fidelity.md and where a drive's record holds it (metrics block, metric)
     "time_in_lane": ("time in lane", ("truth", "time_in_lane")),  # truth
     "mean_abs_lane_offset_m": ("lane offset m", ("truth", "mean_abs_lane_offset_m")),

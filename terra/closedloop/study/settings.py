@@ -5,40 +5,28 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from terra.closedloop.loop import drive_id
 from terra.closedloop.recording.settings import DriveSettings, checked_run, checked_shard, drive_settings, run_inputs
+from terra.closedloop.study.config import DriveConfig
 from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_WORLDS, ROUTE_CONTROLS, control_world
 from terra.closedloop.study.processes import ShardProcesses, setting
-from terra.closedloop.study.report import SHARD_WORLDS, StudyFolders, claim_study_folders, study_drives
+from terra.closedloop.study.report import StudyFolders, claim_study_folders, study_drives
 from terra.closedloop.study.rounds import Until
 from terra.closedloop.user_world import is_world_target, world_class, world_name
 from terra.closedloop.worlds import TRUTH
-from terra.config.checks import Range, check_choice, check_flag, check_settings, select
+from terra.config.checks import check_choice, select
 from terra.config.files import declared_route_tokens
 from terra.config.manifest import manifest_name
+from terra.config.schema import schema_settings
 from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError
 
-SETTINGS = {
-    "num_control_scenarios": Range(1, 100_000, 8, whole=True, nullable=True),
-    "num_control_seeds": Range(1, 1000, 1, whole=True, nullable=True),
-}
-UNTIL = ("once", "decided")  # until: the study's num_scenarios once | rounds of more until decided
-UNTIL_BUDGET = {
-    "until_minutes": Range(0.1, 100_000, 30, nullable=True),
-    "until_scenarios": Range(2, 100_000, 128, whole=True),
-}
 ROUND_SETTINGS = ("num_scenarios", "exploitability", "until", "until_minutes", "until_scenarios")  # a round's own
-PROCESSES = {  # shard_processes: the study as shards of this machine
-    "shard_processes.engine": Range(0, 64, 4, whole=True),
-    "shard_processes.scene": Range(0, 256, 6, whole=True),
-    "shard_processes.kv_cache_gib": Range(0.1, 1024, 2, nullable=True),
-}
-EVERY_WORLD = Range(0, 256, 2, whole=True)  # shard_processes.all (or cores)
+FIELDS = {item.key: item for item in schema_settings(DriveConfig)}  # terra-drive's settings by key
 FIDELITY_STEPS = 200  # num_steps=null: 20 s drives (AlpaSim's ``duration_frac_20s``)
 
 
@@ -59,28 +47,32 @@ class StudySettings:
     until: Until | None = None  # until=decided: rounds of more scenarios
 
 
+def _checked(cfg: DictConfig, key: str) -> Any:
+    return FIELDS[key].check(select(cfg, key))
+
+
 def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str] = (),
                          preset: str | None = None) -> DriveSettings | StudySettings:
     """``terra-drive``'s settings: a study's with ``world=both``, else a run's."""
     world = select(cfg, "world")
     if world == "both":
         return checked_study(cfg, output_dir, overrides, preset)
-    values = check_settings(cfg, SETTINGS)
-    for (name, value), most in zip(values.items(), ("num_scenarios", "num_seeds")):
+    for name, most in (("num_control_scenarios", "num_scenarios"), ("num_control_seeds", "num_seeds")):
+        value = _checked(cfg, name)
         if value is not None:
             raise TerraInputError(f"{name}={value} is how many of the study's {most}={select(cfg, most)} the controls "
                                   f"drive: it needs world=both and at most {most} (null: all)")
-    shard_worlds = check_choice(select(cfg, "shard_worlds"), "shard_worlds", SHARD_WORLDS)
+    shard_worlds = _checked(cfg, "shard_worlds")
     if shard_worlds != "all":
         raise TerraInputError(f"shard_worlds={shard_worlds} picks some of a fidelity study's worlds: it needs "
                               "world=both (or shard_worlds=all)")
-    if check_flag(select(cfg, "exploitability"), "exploitability"):
+    if _checked(cfg, "exploitability"):
         raise TerraInputError(f"exploitability=true is part of the fidelity study: it needs world=both (got "
                               f"world={world})")
-    if check_choice(select(cfg, "until"), "until", UNTIL) != "once":
+    if _checked(cfg, "until") != "once":
         raise TerraInputError(f"until=decided adds scenarios to a fidelity study until its verdict is decided: it "
                               f"needs world=both (got world={world})")
-    if check_flag(select(cfg, "within_horizon"), "within_horizon"):
+    if _checked(cfg, "within_horizon"):
         raise TerraInputError(f"within_horizon=true judges a fidelity study's worlds within their horizons: it needs "
                               f"world=both (got world={world})")
     processes = _shard_processes(cfg)
@@ -91,17 +83,13 @@ def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Seq
 
 
 def _shard_processes(cfg: DictConfig) -> ShardProcesses:
-    values = check_settings(cfg, PROCESSES)
-    every = select(cfg, "shard_processes.all")
-    if isinstance(every, str) and every != "cores":
-        raise TerraInputError(f"shard_processes.all must be cores (one per core this run may use) or a whole number "
-                              f"from 0 to 256 (got {every}); e.g. shard_processes.all=2")
-    every = usable_cores() if every == "cores" else EVERY_WORLD.check(every, "shard_processes.all")
-    if every and (values["shard_processes.engine"] or values["shard_processes.scene"]):
+    engine, scene, kv_cache_gib, every = (_checked(cfg, f"shard_processes.{name}")
+                                          for name in ("engine", "scene", "kv_cache_gib", "all"))
+    every = usable_cores() if every == "cores" else every
+    if every and (engine or scene):
         raise TerraInputError("shard_processes.all shards every world alike: give it without shard_processes.engine "
                               "and shard_processes.scene (or set shard_processes.all=0)")
-    return ShardProcesses(values["shard_processes.engine"], values["shard_processes.scene"],
-                          values["shard_processes.kv_cache_gib"], every)
+    return ShardProcesses(engine, scene, kv_cache_gib, every)
 
 
 def needs_gpu(preset: str | None, device: str, processes: ShardProcesses, executor: str = "local") -> None:
@@ -128,20 +116,18 @@ def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[s
                   preset: str | None = None) -> StudySettings:
     """Every setting of a study checked, this shard's drives taken and the study's folders claimed."""
     run = checked_run(cfg)
-    values = check_settings(cfg, SETTINGS)
     processes = _shard_processes(cfg)
     needs_gpu(preset, run.run.device, processes, run.executor)
     user_worlds = dict(run.user_worlds)
     controls = _controls(select(cfg, "controls"), user_worlds, run.policy_timeout_s,
                          declared_route_tokens(run.run.world_model))
-    control_scenarios, control_seeds = values["num_control_scenarios"], values["num_control_seeds"]
+    control_scenarios, control_seeds = _checked(cfg, "num_control_scenarios"), _checked(cfg, "num_control_seeds")
     for name, value, most, of in (("num_control_scenarios", control_scenarios, "num_scenarios", len(run.scenarios.ids)),
                                   ("num_control_seeds", control_seeds, "num_seeds", run.num_seeds)):
         if value is not None and value > of:
             raise TerraInputError(f"{name}={value} is how many of the study's {most}={of} the controls drive: it "
                                   f"needs world=both and at most {most} (null: all)")
-    shard_worlds = check_choice(select(cfg, "shard_worlds"), "shard_worlds", SHARD_WORLDS)
-    exploit = check_flag(select(cfg, "exploitability"), "exploitability")
+    shard_worlds, exploit = _checked(cfg, "shard_worlds"), _checked(cfg, "exploitability")
     if exploit and len(run.scenarios.ids) < 2:
         raise TerraInputError("exploitability=true tunes on half the scenarios and tests on the other half: it needs "
                               "num_scenarios >= 2")
@@ -155,16 +141,16 @@ def checked_study(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[s
     whole = replace(run, user_worlds=user_worlds, num_steps=num_steps, model_worlds=MODEL_WORLDS,
                     other_world=control_world, measure=True)
     drive, folders = _shard(whole, worlds, shard_worlds, output_dir)
-    within_horizon = check_flag(select(cfg, "within_horizon"), "within_horizon")
+    within_horizon = _checked(cfg, "within_horizon")
     return StudySettings(drive, controls, control_scenarios, control_seeds, shard_worlds, folders, exploit,
                          within_horizon, processes, tuple(overrides), _until(cfg, output_dir, overrides, preset))
 
 
 def _until(cfg: DictConfig, output_dir: str | Path, overrides: Sequence[str], preset: str | None) -> Until | None:
     """``until=decided``'s budget, or None (``until=once``); refused in a shard (the whole study makes its rounds)."""
-    if check_choice(select(cfg, "until"), "until", UNTIL) == "once":
+    if _checked(cfg, "until") == "once":
         return None
-    budget = check_settings(cfg, UNTIL_BUDGET)
+    budget = {key: _checked(cfg, key) for key in ("until_minutes", "until_scenarios")}
     if select(cfg, "num_shards") != 1 or select(cfg, "shard_worlds") != "all":
         raise TerraInputError("until=decided makes the whole study's rounds: give it without num_shards, shard_index "
                               "or shard_worlds")
@@ -211,7 +197,6 @@ def study_shard(settings: StudySettings, shard_worlds: str, shard_index: int, nu
 
 def _controls(value, user_worlds: dict[str, tuple[str, type]], timeout_s: float, route_tokens: int
               ) -> tuple[str, ...]:
-    """The ``controls`` setting."""
     entries = [value] if isinstance(value, str) else list(value or [])
     if not all(isinstance(e, str) and e for e in entries):
         raise TerraInputError(f"controls must be a list of world names, e.g. controls=[frozen,gray] (built in: "
