@@ -30,14 +30,14 @@ class Page:
 
     prog: str
     docs: str
+    schema: str
     sections: tuple[tuple[str, str | Callable[[], str]], ...] = ()
     choices: Callable[[], dict[str, str]] | None = None
     exit_codes: str = EXIT_CODES
-    schema: str = ""
 
-    def schema_class(self) -> type | None:
+    def schema_class(self) -> type:
         module, _, name = self.schema.partition(":")
-        return getattr(importlib.import_module(module), name) if module else None
+        return getattr(importlib.import_module(module), name)
 
 
 def _drive_choices() -> dict[str, str]:
@@ -110,48 +110,49 @@ motion   trajectory.json / .csv / .npy (or the folder's only such file): world-f
 An example: docs/train.md, "Driving logs" (the rules: terra/inputs/driving_logs.py)."""
 
 PAGES: dict[str, Page] = {  # config name -> its page
-    "generate": Page("terra-generate", "docs/generate.md", (
+    "generate": Page("terra-generate", "docs/generate.md", "terra.apps.generate:GenerateConfig", (
         ("Trajectories (trajectory=FILE; frame 0 is the first context frame)", TRAJECTORIES),
         ("Settings of the groups", lambda: _group_settings() + "\nQuote values with spaces or non-ASCII letters "
-                                                                  "for Hydra: \"context='/data/Fahrten 1/'\".")),
-        schema="terra.apps.generate:GenerateConfig"),
-    "rollout": Page("terra-rollout", "docs/rollout.md", (("Samples (samples=FILE.jsonl)", SAMPLES),), None,
+                                                                  "for Hydra: \"context='/data/Fahrten 1/'\"."))),
+    "rollout": Page("terra-rollout", "docs/rollout.md", "terra.batch.config:RolloutConfig",
+                    (("Samples (samples=FILE.jsonl)", SAMPLES),), None,
                     "Exit codes: 0 every sample succeeded (or was complete), 1 some failed (each in the manifest with "
                     "its one-line error),\n2 bad setting or input before any work, 130 / 143 interrupted (a rerun "
-                    "resumes).", schema="terra.batch.config:RolloutConfig"),
+                    "resumes)."),
     "serve": Page("terra-serve", "docs/serve.md", schema="terra.serve.settings:ServeConfig"),
-    "drive": Page("terra-drive", "docs/drive.md; world=both, the fidelity study: docs/fidelity.md", (
+    "drive": Page("terra-drive", "docs/drive.md; world=both, the fidelity study: docs/fidelity.md",
+                  "terra.closedloop.study.config:DriveConfig", (
         ("Scenarios (scenarios=)",
          "synthetic: num_scenarios drawn from scenario_seed; a folder of driving-log clips, laid out as\n"
          "terra-prepare-logs reads them (docs/train.md, \"Driving logs\"); or a batch JSONL of samples\n"
          "(docs/rollout.md, \"Samples\")."),), _drive_choices,
         "Exit codes: 0 every drive ended well, 1 some drive failed (its reason is in the manifest), 2 bad input or\n"
-        "setting (one line on stderr), 130 / 143 interrupted (a rerun resumes).",
-        schema="terra.closedloop.study.config:DriveConfig"),
+        "setting (one line on stderr), 130 / 143 interrupted (a rerun resumes)."),
     "alpasim": Page("terra-alpasim", "docs/alpasim.md", schema="terra.alpasim.settings:AlpasimConfig"),
-    "train_world_model": Page("terra-train", "docs/train.md", (
+    "train_world_model": Page("terra-train", "docs/train.md", "terra.training.settings:TrainConfig", (
         ("Data (data.tokens=)", "a shard folder of terra-prepare-logs (its own train/val split) or a tokenized-clips "
-                                "file of terra-tokenize"),), schema="terra.training.settings:TrainConfig"),
+                                "file of terra-tokenize"),)),
     "train_tokenizer": Page("terra-train-tokenizer", "docs/train.md",
                             schema="terra.training.tokenizer_settings:TrainTokenizerConfig"),
     "tokenize_dataset": Page("terra-tokenize", "docs/train.md", schema="terra.training.tokenize:TokenizeConfig"),
     "make_dataset": Page("terra-make-dataset", "docs/train.md", schema="terra.sim.dataset:MakeDatasetConfig"),
-    "prepare_driving_logs": Page("terra-prepare-logs", "docs/train.md", (
+    "prepare_driving_logs": Page(
+        "terra-prepare-logs", "docs/train.md", "terra.training.prepare_logs:PrepareLogsConfig", (
         ("Clips (logs=DIR)", LOGS),
         ("Tokenizer", "tokenizer=demo (default) | terra_lfq tokenizer.path=DIR | vq16 tokenizer.path=DIR, "
                       "tokenizer.resize=crop|stretch;\nor model=terra_v1 | terra_v2 terra_root=DIR: the tokenizer "
                       "that world model was trained with")),
         exit_codes="Exit codes: 0 done (unusable clips are skipped, one line each on stderr), 2 bad setting (one "
                    "line, nothing written),\n130 / 143 interrupted (rerun to resume), 1 internal error (--verbose "
-                   "shows its traceback).", schema="terra.training.prepare_logs:PrepareLogsConfig"),
+                   "shows its traceback)."),
     "blend_world_models": Page("terra-blend", "docs/train.md", exit_codes=(
         "Exit codes: 0 written, 2 bad setting or two models of different architectures (one line, nothing written),\n"
         "130 / 143 interrupted (nothing written), 1 internal error (--verbose shows its traceback)."),
         schema="terra.training.blend:BlendConfig"),
-    "score_actbench": Page("terra-score", "docs/score.md", (
+    "score_actbench": Page("terra-score", "docs/score.md", "terra.scoring.settings:ScoreConfig", (
         ("Inputs", "videos: <name>_<sample_id>.mp4 files (terra-rollout output.naming=actbench); samples: ACT-Bench's "
                    "act_bench.jsonl\n(sample_id, label, reference_traj, ...; docs/score.md); estimator: a download "
-                   "of turing-motors/ACT-Estimator"),), schema="terra.scoring.settings:ScoreConfig"),
+                   "of turing-motors/ACT-Estimator"),)),
     "evaluate": Page("terra-evaluate", "docs/score.md", exit_codes=(
         "Exit codes: 0 report written, 2 bad setting (one line, nothing written), 130 / 143 interrupted (the phases\n"
         "finished are kept in out_dir; a line names the command that resumes), 1 internal error (--verbose shows its "
@@ -167,23 +168,6 @@ def opening_comment(text: str) -> str:
             break
         lines.append(line[2:] if line.startswith("# ") else line[1:])
     return "\n".join(lines)
-
-
-def documented_settings(text: str) -> str:
-    """A config file's settings with their comments, without its opening comment, ``defaults`` and ``hydra`` block."""
-    kept, block, opening = [], None, True
-    for line in text.splitlines():
-        if opening and line.startswith("#"):
-            continue
-        opening = False
-        if line and not line[0].isspace() and not line.startswith("-"):  # a top-level key, or a comment above one
-            if not line.startswith("#"):
-                block = line.split(":", 1)[0] if line.startswith(("defaults:", "hydra:")) else None
-            elif block == "defaults":
-                block = None
-        if block is None:
-            kept.append(line)
-    return "\n".join(kept).strip("\n")
 
 
 def config_groups(text: str) -> dict[str, str]:
@@ -226,8 +210,7 @@ def page_template(config_name: str, prog: str | None = None) -> str:
     groups = config_groups(text)
     if groups:
         parts.append(f"== Configuration groups (GROUP=OPTION; conf/GROUP/OPTION.yaml) ==\n{_literal(_rows(groups))}")
-    schema = page.schema_class()
-    settings = settings_help(schema, WIDTH) if schema is not None else documented_settings(text)
+    settings = settings_help(page.schema_class(), WIDTH)
     parts.append(f"== Settings (KEY=VALUE; `{page.prog} --cfg job [KEY=VALUE ...]` prints them as a run would "
                  f"take them) ==\n{_literal(settings)}")
     parts.append(_literal(f"{page.exit_codes}\nDocs: {page.docs}"))
@@ -264,9 +247,8 @@ def register_schemas(prog: str | None = None) -> None:
     """Store the schema of ``prog``'s config (None: every app's) in Hydra's ConfigStore, where its defaults list finds
     it."""
     for config_name, page in PAGES.items():
-        schema = page.schema_class() if prog in (None, page.prog) else None
-        if schema is not None:
-            register_schema(config_name, schema)
+        if prog in (None, page.prog):
+            register_schema(config_name, page.schema_class())
 
 
 def register_help() -> None:
