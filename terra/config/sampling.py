@@ -41,8 +41,8 @@ class SamplingConfig:
             value = getattr(self, name)
             if name == "draft_tokens" and isinstance(value, str):
                 if value != "auto":
-                    raise TerraInputError(f"sampling.draft_tokens must be auto or a whole number from 1 to 4096 "
-                                          f"(got {value!r}); e.g. sampling.draft_tokens=auto")
+                    raise TerraInputError(f"sampling.draft_tokens must be auto or a whole number from {limits.low:g} "
+                                          f"to {limits.high:g} (got {value!r}); e.g. sampling.draft_tokens=auto")
                 continue
             limits.check(value, f"sampling.{name}")
         check_choice(self.decoding, "sampling.decoding", DECODINGS)
