@@ -31,7 +31,6 @@ from terra.inputs.routes import ROAD, GivenRoutes, road_of_setting
 from terra.inputs.trajectory import FOLLOW_LANE, MANOEUVRE_RANGES, MANOEUVRES, manoeuvre_trajectory
 
 APP = "terra-generate"
-FRAME_CAP = Range(1, MAX_FRAMES, 1000, whole=True)  # max_num_frames
 
 
 def _parameter(name: str, used_by: str) -> Any:
@@ -68,10 +67,9 @@ class GenerateConfig(RunConfig):
                                            "in its lane (every built-in scene starts on a straight of 30 m or more)",
                              choices=(*MANOEUVRES, FOLLOW_LANE))
     manoeuvre_params: ManoeuvreParams = setting(ManoeuvreParams(), "")
-    num_frames: int = setting(16, "frames to generate after the context; 1 .. max_num_frames", check=lambda value: (
-        check_whole_number(value, "num_frames", 1, "num_frames=16", bounds="from 1 to max_num_frames")))
+    num_frames: int = setting(16, "frames to generate after the context; 1 .. max_num_frames")
     max_num_frames: int = setting(1000, "cap on num_frames (100 s at 10 Hz): a typo such as num_frames=16000 fails "
-                                        "at once", FRAME_CAP)
+                                        "at once", Range(1, MAX_FRAMES, 1000, whole=True))
     num_samples: int = setting(1, "rollouts with seeds seed, seed+1, ...; more than one also writes a grid video",
                                Range(1, 256, 4, whole=True))
     seed: int = setting(0, "", SEED)
@@ -99,12 +97,13 @@ class GenerateSpec:
 
 def generate_spec(cfg: DictConfig) -> GenerateSpec:
     """Every setting checked once, without reading a file or importing torch."""
-    num_frames, cap = select(cfg, "num_frames"), FRAME_CAP.check(select(cfg, "max_num_frames"), "max_num_frames")
+    values = check_schema(cfg, GenerateConfig)
+    num_frames, cap = values["num_frames"], values["max_num_frames"]
     if isinstance(num_frames, int) and not isinstance(num_frames, bool) and num_frames > cap:
         raise TerraInputError(f"num_frames={num_frames} is more than max_num_frames={cap}; generate fewer frames or "
                               f"raise the cap, e.g. max_num_frames={num_frames}")
-    check_whole_number(num_frames, "num_frames", 1, "num_frames=16", cap, bounds=f"from 1 to max_num_frames ({cap})")
-    values = check_schema(cfg, GenerateConfig)
+    num_frames = check_whole_number(num_frames, "num_frames", 1, "num_frames=16", cap,
+                                    bounds=f"from 1 to max_num_frames ({cap})")
     output = OutputSpec.from_mapping(select(cfg, "output"))
     params = {key.removeprefix("manoeuvre_params."): value for key, value in values.items()
               if key.startswith("manoeuvre_params.") and value is not None}
@@ -115,7 +114,7 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
     if road is not None and trajectory is None and manoeuvre == FOLLOW_LANE:
         raise TerraInputError(f"road= with manoeuvre={FOLLOW_LANE}: follow_lane drives the built-in scene's own road; "
                               "give another manoeuvre, or your drive as trajectory=FILE")
-    return GenerateSpec(run_spec(cfg), output, values["num_frames"], values["num_samples"], values["seed"],
+    return GenerateSpec(run_spec(cfg), output, num_frames, values["num_samples"], values["seed"],
                         context if context is None or isinstance(context, list) else str(context),
                         None if trajectory is None else str(trajectory),
                         road if road is None or isinstance(road, list) else str(road), manoeuvre, params, plain(cfg))
