@@ -134,15 +134,18 @@ def test_the_decoders_frame_size_is_the_demo_tokenizers(name):
     assert said == [tuple(str(n) for n in load_tokenizer(ASSETS / "demo" / "tokenizer").image_size)], line
 
 
-def test_the_groups_settings_on_generates_page_are_the_ranges_checked(monkeypatch):
-    """The ranges of sampling.*, output.fps and backend.options.* on terra-generate's page are those their checks use:
-    a range changed in its table is the page's."""
+@pytest.mark.parametrize("config_name", ["generate", "rollout", "serve", "drive", "alpasim", "evaluate"])
+def test_the_groups_settings_on_a_page_are_the_ranges_checked(monkeypatch, config_name):
+    """An app with the sampling and backend groups lists their settings from the tables that check them."""
     from terra.config import backend, sampling
     from terra.config.checks import Range
 
     monkeypatch.setitem(sampling.SAMPLING, "top_k", Range(0, 77, 0, whole=True))
     monkeypatch.setitem(backend.BACKEND_OPTIONS["vllm"], "passes_per_step", Range(1, 9, 3, whole=True))
-    page = page_template("generate")
+    page = page_template(config_name)
     assert re.search(r"\n  sampling\.top_k +0 \.\. 77 \(0 = off\)\n", page), page
     assert re.search(r"\n  backend\.options\.passes_per_step +1 \.\. 9 \(vllm\)\n", page), page
-    assert re.search(r"\n  output\.fps +1\.0 \.\. 60\.0\n", page) and "sampling.guesses" in page
+    assert "sampling.guesses" in page
+    fps = re.search(r"\n  output\.fps +1\.0 \.\. 60\.0\n", page)  # terra-generate's output group
+    assert bool(fps) == (config_name == "generate")
+    assert "== Settings of the groups ==" not in page_template("score_actbench")  # an app without these groups

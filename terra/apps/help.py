@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import re
 import textwrap
@@ -31,7 +32,7 @@ class Page:
     prog: str
     docs: str
     schema: str
-    sections: tuple[tuple[str, str | Callable[[], str]], ...] = ()
+    sections: tuple[tuple[str, str], ...] = ()
     choices: Callable[[], dict[str, str]] | None = None
     exit_codes: str = EXIT_CODES
 
@@ -59,22 +60,30 @@ def _drive_choices() -> dict[str, str]:
     }
 
 
-def _group_settings() -> str:
+def _group_settings(schema: type) -> str:
+    """The ranges of the settings in ``schema``'s config groups (sampling, backend, output), from the tables that check
+    them."""
     from terra.config.backend import BACKEND_OPTIONS
     from terra.config.sampling import DECODINGS, GUESSES, SAMPLING
     from terra.decoder.writers import MAX_FPS, MIN_FPS
 
-    rows = {f"sampling.{name}": allowed_values(limits) for name, limits in SAMPLING.items()}
-    rows |= {"sampling.draft_tokens": f"auto | {rows['sampling.draft_tokens']}",
-             "sampling.decoding": allowed_values(DECODINGS), "sampling.guesses": allowed_values(GUESSES),
-             "output.fps": allowed_values(Range(MIN_FPS, MAX_FPS, 10))}
-    for backend, options in BACKEND_OPTIONS.items():
-        rows |= {f"backend.options.{name}": f"{allowed_values(kind)} ({backend})" for name, kind in options.items()
-                 if isinstance(kind, (Range, tuple))}
+    groups = {field.name for field in dataclasses.fields(schema) if field.metadata.get("group")}
+    rows = {}
+    if "sampling" in groups:
+        rows |= {f"sampling.{name}": allowed_values(limits) for name, limits in SAMPLING.items()}
+        rows |= {"sampling.draft_tokens": f"auto | {rows['sampling.draft_tokens']}",
+                 "sampling.decoding": allowed_values(DECODINGS), "sampling.guesses": allowed_values(GUESSES)}
+    if "output" in groups:
+        rows["output.fps"] = allowed_values(Range(MIN_FPS, MAX_FPS, 10))
+    if "backend" in groups:
+        for backend, options in BACKEND_OPTIONS.items():
+            rows |= {f"backend.options.{name}": f"{allowed_values(kind)} ({backend})" for name, kind in options.items()
+                     if isinstance(kind, (Range, tuple))}
     notes = {"sampling.temperature": "0 = greedy", "sampling.top_k": "0 = off",
              "sampling.decoding": "speculative: several tokens per forward pass, the same codes",
              "sampling.guesses": "vllm: auto | previous"}
-    return _rows({key: f"{value} ({notes[key]})" if key in notes else value for key, value in rows.items()}, indent=0)
+    return _rows({key: f"{value} ({notes[key]})" if key in notes else value for key, value in rows.items()}) if rows \
+        else ""
 
 
 TRAJECTORIES = """\
@@ -111,9 +120,7 @@ An example: docs/train.md, "Driving logs" (the rules: terra/inputs/driving_logs.
 
 PAGES: dict[str, Page] = {  # config name -> its page
     "generate": Page("terra-generate", "docs/generate.md", "terra.apps.generate:GenerateConfig", (
-        ("Trajectories (trajectory=FILE; frame 0 is the first context frame)", TRAJECTORIES),
-        ("Settings of the groups", lambda: _group_settings() + "\nQuote values with spaces or non-ASCII letters "
-                                                                  "for Hydra: \"context='/data/Fahrten 1/'\"."))),
+        ("Trajectories (trajectory=FILE; frame 0 is the first context frame)", TRAJECTORIES),)),
     "rollout": Page("terra-rollout", "docs/rollout.md", "terra.batch.config:RolloutConfig",
                     (("Samples (samples=FILE.jsonl)", SAMPLES),), None,
                     "Exit codes: 0 every sample succeeded (or was complete), 1 some failed (each in the manifest with "
@@ -197,8 +204,9 @@ def page_template(config_name: str, prog: str | None = None) -> str:
         return foreign_page(config_name, prog)
     text = (CONF_DIR / f"{config_name}.yaml").read_text()
     parts = [_literal(opening_comment(text)),
-             _literal(f"Usage: {page.prog} [KEY=VALUE ...] [--cfg job] [--verbose]")]
-    parts += [f"== {_literal(title)} ==\n{_literal(_indented(body() if callable(body) else body))}"
+             _literal(f"Usage: {page.prog} [KEY=VALUE ...] [--cfg job] [--verbose]\nQuote a value with spaces or "
+                      "non-ASCII letters for Hydra: \"output_dir='/data/Fahrten 1/'\".")]
+    parts += [f"== {_literal(title)} ==\n{_literal(_indented(body))}"
               for title, body in page.sections]
     if page.choices is not None:
         try:
@@ -210,7 +218,11 @@ def page_template(config_name: str, prog: str | None = None) -> str:
     groups = config_groups(text)
     if groups:
         parts.append(f"== Configuration groups (GROUP=OPTION; conf/GROUP/OPTION.yaml) ==\n{_literal(_rows(groups))}")
-    settings = settings_help(page.schema_class(), WIDTH)
+    schema = page.schema_class()
+    group_settings = _group_settings(schema)
+    if group_settings:
+        parts.append(f"== Settings of the groups ==\n{_literal(group_settings)}")
+    settings = settings_help(schema, WIDTH)
     parts.append(f"== Settings (KEY=VALUE; `{page.prog} --cfg job [KEY=VALUE ...]` prints them as a run would "
                  f"take them) ==\n{_literal(settings)}")
     parts.append(_literal(f"{page.exit_codes}\nDocs: {page.docs}"))
@@ -231,11 +243,11 @@ def foreign_page(config_name: str, prog: str | None) -> str:
     return "\n\n".join(parts)
 
 
-def _rows(rows: dict[str, str], indent: int = 2) -> str:
+def _rows(rows: dict[str, str]) -> str:
     """``name value`` lines, the values aligned and wrapped at :data:`WIDTH` columns."""
     width = max(len(name) for name in rows)
-    return "\n".join(textwrap.fill(value, WIDTH, initial_indent=f"{' ' * indent}{name.ljust(width)}  ",
-                                   subsequent_indent=" " * (width + indent + 2), break_on_hyphens=False)
+    return "\n".join(textwrap.fill(value, WIDTH, initial_indent=f"  {name.ljust(width)}  ",
+                                   subsequent_indent=" " * (width + 4), break_on_hyphens=False)
                      for name, value in rows.items())
 
 
