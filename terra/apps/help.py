@@ -61,8 +61,7 @@ def _drive_choices() -> dict[str, str]:
 
 
 def _group_settings(schema: type) -> str:
-    """The ranges of the settings in ``schema``'s config groups (sampling, backend, output), from the tables that check
-    them."""
+    """The ranges of ``schema``'s groups' settings (sampling, backend, output), from the tables that check them."""
     from terra.config.backend import BACKEND_OPTIONS
     from terra.config.sampling import DECODINGS, GUESSES, SAMPLING
     from terra.decoder.writers import MAX_FPS, MIN_FPS
