@@ -100,6 +100,7 @@ def test_the_fidelity_presets_are_one_setting_named_in_help(tmp_path):
     assert set(cpu.controls) == {"frozen", "gray", "mirrored", "late", "offset_camera", "fast", "slow",
                                  "under_turning", "over_turning", "stutter"}  # no second engine
     assert cpu.num_control_scenarios == 4 and cpu.shard_processes.all == usable_cores()  # a shard process a core
+    assert cpu.drive.writer_processes == 0  # each shard measures its own drives: no process beside it
     assert len(gpu.drive.scenarios.ids) == 16 and gpu.drive.num_steps == 200 and gpu.exploitability
     assert len(gpu.drive.policies) == 15 and gpu.drive.run.backend == "vllm" and len(gpu.controls) == 14
     assert {"wrong_route", "no_route"} <= set(gpu.controls)  # all: the route controls too, for the route demo model
