@@ -51,14 +51,10 @@ class OutputBlock:
     fps: float = setting(10.0, "", Range(MIN_FPS, MAX_FPS, 10))
     writer_threads: int = setting(4, "threads decoding and writing finished samples while the engine runs",
                                   Range(1, 64, 4, whole=True))
-    mark_context: Any = flag(False, "border + label on context frames (keep off for "
-                                                            "ACT-Bench scoring)")
-    overlay_trajectory: Any = flag(None, "inset of the commanded path and the route "
-                                                                       "told (magenta); null: on, but off with "
-                                                                       "naming=actbench (ACT-Bench's scorer reads the "
-                                                                       "frames)")
-    save_codes: Any = flag(False, "also write <sidecar stem>.codes.npy: every frame's codes "
-                                                        "(int32)")
+    mark_context: Any = flag(False, "border + label on context frames (keep off for ACT-Bench scoring)")
+    overlay_trajectory: Any = flag(None, "inset of the commanded path and the route told (magenta); null: on, but off "
+                                         "with naming=actbench (ACT-Bench's scorer reads the frames)")
+    save_codes: Any = flag(False, "also write <sidecar stem>.codes.npy: every frame's codes (int32)")
     manifest: str = setting("manifest.jsonl", "per-sample records (manifest.shard-<i>-of-<n>.jsonl when sharded)")
 
 
@@ -69,9 +65,9 @@ class RolloutConfig(RunConfig):
     refiner: Dict[str, Any] = group()
     samples: Any = setting(None, "JSONL file (or a list of files); lines are numbered over all of them")
     image_root: Optional[str] = setting(None, "relative image paths resolve against it; null = the JSONL's folder")
-    allow_paths_outside_image_root: Any = flag(False, "true: context paths may "
-                                                "be absolute or ../ outside image_root (false: such a sample fails "
-                                                "alone, so a JSONL from elsewhere cannot read other files)")
+    allow_paths_outside_image_root: Any = flag(False, "true: context paths may be absolute or ../ outside image_root "
+                                                      "(false: such a sample fails alone, so a JSONL from elsewhere "
+                                                      "cannot read other files)")
     num_context: int = setting(3, "context frames used: the last ones of each sample's context; at least 1 and "
                                   "below the world model's window")
     num_frames: int = setting(16, "frames generated after the context (a sample's \"num_frames\" overrides it)",
@@ -100,8 +96,7 @@ class RolloutConfig(RunConfig):
                                      "cluster at ray.address; samples stream to them, dead actors restart",
                             choices=EXECUTORS)
     ray: RayBlock = setting(RayBlock(), "")
-    progress: Any = flag(True, "bars on a terminal: frames generated (frames/s, ETA), samples written; "
-                                            "in a log lines")
+    progress: Any = flag(True, "bars on a terminal: frames generated (frames/s, ETA), samples written; in a log lines")
     output: OutputBlock = setting(OutputBlock(), "")
 
 

@@ -42,10 +42,10 @@ class ScoreConfig:
     dtype: str = setting("auto", "auto: bf16 autocast on a GPU, as ACT-Bench; fp32 on a CPU", choices=DTYPES[:3])
     num_threads: Optional[Union[int, str]] = num_threads_setting()
     progress: Any = flag(True, "a bar over the videos on a terminal (in a log a line a minute) and a line per "
-                                   "stage")
+                               "stage")
     dry_run: Any = flag(False, "true: check samples, videos (matched, frames counted) and the estimator folder "
-                                   "without loading its weights, report what is missing (exit 2 if anything is); "
-                                   "output_dir not needed")
+                               "without loading its weights, report what is missing (exit 2 if anything is); "
+                               "output_dir not needed")
 
 
 @dataclass(frozen=True)

@@ -72,7 +72,7 @@ class PrepareLogsConfig:
                                   "path ahead: it tells the model where the car goes; only where no map exists "
                                   "(docs/train.md)", choices=ROUTE_SOURCES)
     progress: Any = flag(True, "bars on a terminal (clips with an ETA, frames tokenized); in a log a line a "
-                                   "minute")
+                               "minute")
 
 
 @dataclass(frozen=True)

@@ -106,7 +106,7 @@ class TrainBlock:
     window: Optional[int] = setting(None, "frames per training window; null = the model's num_temporal_embeddings "
                                           "(capped by clip length)", Range(2, 1024, 25, whole=True, nullable=True))
     loss_on_first_frame: Any = flag(False, "the first frame of a window is context; true also trains "
-                                               "unconditional image tokens")
+                                           "unconditional image tokens")
     input_noise: float = setting(0.0, "up to this share of a window's input codes replaced by random codes "
                                       "(targets kept): robustness to the model's own errors over long rollouts",
                                  Range(0, 0.5, 0.05))
@@ -130,7 +130,7 @@ class TrainBlock:
     eval_every: int = setting(500, "steps between validations", Range(1, 10**8, 500, whole=True))
     ckpt_every: int = setting(500, "steps between checkpoints", Range(1, 10**8, 500, whole=True))
     compile: Any = flag(False, "torch.compile each decoder layer and the loss's softmax (Terra's shape, H100: "
-                                   "0.45 vs 0.67 s a step)")
+                               "0.45 vs 0.67 s a step)")
     device: str = device_setting()
     precision: str = setting("auto", "auto: bf16 autocast on CUDA, fp32 on CPU", choices=PRECISIONS)
     activation_checkpointing: Any = setting(False, "recompute each decoder layer in the backward pass (Terra's "
@@ -153,7 +153,7 @@ class TrainBlock:
 @dataclass
 class SampleBlock:
     gif: Any = flag(True, "at every evaluation, greedy rollouts of validation clips: their PSNR (val_psnr), and "
-                              "output_dir/samples/stepNNNNNNN.gif: the first clip | its rollout")
+                          "output_dir/samples/stepNNNNNNN.gif: the first clip | its rollout")
     num_context: int = setting(3, "context frames of those rollouts", Range(1, 1023, 3, whole=True))
     clips: int = setting(4, "validation clips rolled out", Range(1, 10**5, 4, whole=True))
 
@@ -166,7 +166,7 @@ class ExportBlock:
                                                                                           "export.max_shard_size"))
     adapter: Any = flag(True, "finetune=lora: also write the unmerged PEFT adapter to output_dir/adapter")
     best: Any = flag(True, "also keep output_dir/best: the export (as model/) at the best validation score so "
-                               "far, step 0 (the starting weights) included; best/best.json names its step")
+                           "far, step 0 (the starting weights) included; best/best.json names its step")
     best_by: str = setting("val_loss", "val_loss (lowest) | val_psnr (highest PSNR of the validation rollouts, "
                                        "sample.gif: teacher-forced loss and rollout quality part ways once a small "
                                        "set is overfit)", choices=BEST_METRICS)
@@ -193,7 +193,7 @@ class TrainConfig:
                                                             "(LoRA), train_log.jsonl, tensorboard/, samples/")
     resume: Any = flag(True, "continue from output_dir/checkpoint when it exists")
     progress: Any = flag(True, "a bar over the steps (N/max_steps, ETA) on stderr, when it is a terminal; the "
-                                   "log rows and the start and end of each validation are printed either way")
+                               "log rows and the start and end of each validation are printed either way")
     export: ExportBlock = setting(ExportBlock(), "")
 
 
