@@ -78,11 +78,12 @@ def _group_settings(schema: type) -> str:
         for backend, options in BACKEND_OPTIONS.items():
             rows |= {f"backend.options.{name}": f"{allowed_values(kind)} ({backend})" for name, kind in options.items()
                      if isinstance(kind, (Range, tuple))}
+    if not rows:
+        return ""
     notes = {"sampling.temperature": "0 = greedy", "sampling.top_k": "0 = off",
              "sampling.decoding": "speculative: several tokens per forward pass, the same codes",
              "sampling.guesses": "vllm: auto | previous"}
-    return _rows({key: f"{value} ({notes[key]})" if key in notes else value for key, value in rows.items()}) if rows \
-        else ""
+    return _rows({key: f"{value} ({notes[key]})" if key in notes else value for key, value in rows.items()})
 
 
 TRAJECTORIES = """\
@@ -205,8 +206,7 @@ def page_template(config_name: str, prog: str | None = None) -> str:
     parts = [_literal(opening_comment(text)),
              _literal(f"Usage: {page.prog} [KEY=VALUE ...] [--cfg job] [--verbose]\nQuote a value with spaces or "
                       "non-ASCII letters for Hydra: \"output_dir='/data/Fahrten 1/'\".")]
-    parts += [f"== {_literal(title)} ==\n{_literal(_indented(body))}"
-              for title, body in page.sections]
+    parts += [f"== {_literal(title)} ==\n{_literal(_indented(body))}" for title, body in page.sections]
     if page.choices is not None:
         try:
             choices = _rows(page.choices())
