@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 from contextlib import contextmanager
-from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -85,41 +84,22 @@ def ffmpeg_exe() -> str:
     return exe
 
 
-@dataclass(frozen=True)
-class Mp4Encoding:
-    """An MP4's encoder settings: codec, pixel format, CRF (None: the codec's default), macro-block size (1: none)."""
-
-    codec: str
-    pix_fmt: str
-    crf: int | None
-    macro_block_size: int
-
-    def output_size(self, width: int, height: int) -> tuple[int, int]:
-        """The encoded ``(width, height)`` of frames of this size: each rounded up to a macro-block multiple."""
-        block = self.macro_block_size
-        return -(-width // block) * block, -(-height // block) * block
+MACRO_BLOCK = 16  # frames are scaled up to multiples of it, as imageio.get_writer(path, fps=10) encodes
 
 
-# as imageio.get_writer(path, fps=10) encodes
-MP4_ENCODING = Mp4Encoding(codec="libx264", pix_fmt="yuv420p", crf=None, macro_block_size=16)
-
-
-def mp4_command(exe: str, width: int, height: int, fps: float, path: str | os.PathLike,
-                encoding: Mp4Encoding = MP4_ENCODING) -> list[str]:
-    """ffmpeg's arguments for raw RGB ``width`` x ``height`` frames on stdin → ``path``, as imageio-ffmpeg's."""
+def mp4_command(exe: str, width: int, height: int, fps: float, path: str | os.PathLike) -> list[str]:
+    """ffmpeg's arguments for raw RGB ``width`` x ``height`` frames on stdin → H.264 ``path``, as imageio-ffmpeg's."""
     command = [exe, "-y", "-f", "rawvideo", "-vcodec", "rawvideo", "-s", f"{width}x{height}", "-pix_fmt", "rgb24",
                "-r", str(Fraction(fps).limit_denominator()), "-i", "-", "-an",
-               "-vcodec", encoding.codec, "-pix_fmt", encoding.pix_fmt]
-    if encoding.crf is not None:
-        command += ["-crf", str(encoding.crf)]
-    out_width, out_height = encoding.output_size(width, height)
+               "-vcodec", "libx264", "-pix_fmt", "yuv420p"]
+    out_width, out_height = -(-width // MACRO_BLOCK) * MACRO_BLOCK, -(-height // MACRO_BLOCK) * MACRO_BLOCK
     if (out_width, out_height) != (width, height):
         command += ["-vf", f"scale={out_width}:{out_height}"]
     return command + ["-v", "error", str(path)]
 
 
 def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) -> Path:
-    """H.264 MP4 encoded as :data:`MP4_ENCODING` says, by :func:`ffmpeg_exe`."""
+    """H.264 MP4 encoded by :func:`ffmpeg_exe` as :func:`mp4_command` says."""
     exe = ffmpeg_exe()
     frames, fps = check_frames(frames), check_fps(fps)
     height, width = frames.shape[1:3]
