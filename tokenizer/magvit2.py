@@ -48,32 +48,21 @@ class Upsampler(nn.Module):
         return depth_to_space(self.conv1(x))
 
 
-class EncoderLevel(nn.Module):
-    """Residual blocks (``block``) of one resolution, then a stride-2 conv (``downsample``) except at the last."""
+class Level(nn.Module):
+    """Residual blocks (``block``) of one resolution, then its ``downsample`` or ``upsample``, where it has one."""
 
-    def __init__(self, blocks: list[ResBlock], downsample: nn.Conv2d | None) -> None:
+    def __init__(self, blocks: list[ResBlock], downsample: nn.Conv2d | None = None,
+                 upsample: Upsampler | None = None) -> None:
         super().__init__()
         self.block = nn.ModuleList(blocks)
         self.downsample = downsample
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.block:
-            x = block(x)
-        return x if self.downsample is None else self.downsample(x)
-
-
-class DecoderLevel(nn.Module):
-    """Residual blocks (``block``) of one resolution, then an :class:`Upsampler` except at full resolution."""
-
-    def __init__(self, blocks: list[ResBlock], upsample: Upsampler | None) -> None:
-        super().__init__()
-        self.block = nn.ModuleList(blocks)
         self.upsample = upsample
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.block:
             x = block(x)
-        return x if self.upsample is None else self.upsample(x)
+        resample = self.downsample if self.downsample is not None else self.upsample
+        return x if resample is None else resample(x)
 
 
 class Encoder(nn.Module):
@@ -92,7 +81,7 @@ class Encoder(nn.Module):
                 blocks.append(ResBlock(width, ch * mult))
                 width = ch * mult
             last = level == len(ch_mult) - 1
-            levels.append(EncoderLevel(blocks, None if last else nn.Conv2d(width, width, 3, stride=2, padding=1)))
+            levels.append(Level(blocks, downsample=None if last else nn.Conv2d(width, width, 3, stride=2, padding=1)))
         self.down = nn.ModuleList(levels)
         self.mid_block = nn.ModuleList(ResBlock(width, width) for _ in range(num_res_blocks))
         self.norm_out = group_norm(width)
@@ -123,7 +112,7 @@ class Decoder(nn.Module):
             for _ in range(num_res_blocks):
                 blocks.append(ResBlock(width, ch * ch_mult[level]))
                 width = ch * ch_mult[level]
-            levels.append(DecoderLevel(blocks, Upsampler(width) if level > 0 else None))
+            levels.append(Level(blocks, upsample=Upsampler(width) if level > 0 else None))
         self.up = nn.ModuleList(reversed(levels))  # stored finest first: up[i] is resolution level i
         self.norm_out = group_norm(width)
         self.conv_out = nn.Conv2d(width, out_channels, 3, padding=1)

@@ -106,15 +106,8 @@ def _mid(channels: int, dropout: float) -> nn.ModuleList:
 class Encoder(nn.Module):
     """Image ``[B, in_channels, H, W]`` → latent ``[B, z_channels, H / 2^(L-1), W / 2^(L-1)]``."""
 
-    def __init__(
-        self,
-        ch: int = 128,
-        ch_mult: Sequence[int] = (1, 1, 2, 2, 4),
-        num_res_blocks: int = 2,
-        z_channels: int = 256,
-        in_channels: int = 3,
-        dropout: float = 0.0,
-    ) -> None:
+    def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, dropout: float,
+                 in_channels: int = 3) -> None:
         super().__init__()
         self.conv_in = nn.Conv2d(in_channels, ch, 3, padding=1)
         self.conv_blocks = nn.ModuleList()
@@ -146,15 +139,8 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Latent ``[B, z_channels, h, w]`` → image ``[B, out_channels, h * 2^(L-1), w * 2^(L-1)]``."""
 
-    def __init__(
-        self,
-        ch: int = 128,
-        ch_mult: Sequence[int] = (1, 1, 2, 2, 4),
-        num_res_blocks: int = 2,
-        z_channels: int = 256,
-        out_channels: int = 3,
-        dropout: float = 0.0,
-    ) -> None:
+    def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, dropout: float,
+                 out_channels: int = 3) -> None:
         super().__init__()
         block_in = ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(z_channels, block_in, 3, padding=1)

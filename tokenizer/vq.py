@@ -69,13 +69,10 @@ class VQTokenizer(ImageTokenizer):
         c = self.config
         if len(c["encoder_ch_mult"]) != len(c["decoder_ch_mult"]):
             raise TerraInputError("encoder_ch_mult and decoder_ch_mult need the same length (same down/upsampling)")
-        for key in ("encoder_ch_mult", "decoder_ch_mult"):
-            common = dict(ch=int(c["ch"]), ch_mult=list(c[key]), num_res_blocks=int(c["num_res_blocks"]),
-                          z_channels=int(c["z_channels"]), dropout=float(c["dropout_p"]))
-            if key == "encoder_ch_mult":
-                self.encoder = Encoder(**common)
-            else:
-                self.decoder = Decoder(**common)
+        common = dict(ch=int(c["ch"]), num_res_blocks=int(c["num_res_blocks"]), z_channels=int(c["z_channels"]),
+                      dropout=float(c["dropout_p"]))
+        self.encoder = Encoder(ch_mult=list(c["encoder_ch_mult"]), **common)
+        self.decoder = Decoder(ch_mult=list(c["decoder_ch_mult"]), **common)
         self.quantize = VectorQuantizer(int(c["codebook_size"]), int(c["codebook_embed_dim"]),
                                         bool(c["codebook_l2_norm"]))
         self.quant_conv = nn.Conv2d(int(c["z_channels"]), int(c["codebook_embed_dim"]), 1)
