@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from abc import ABCMeta, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -120,22 +119,17 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
                 f"image size {images.shape[2]}x{images.shape[3]} is not a multiple of {factor}; "
                 f"resize to {self.image_size[0]}x{self.image_size[1]} (load_images does it)"
             )
-        out = []
-        for chunk in images.split(batch_size or len(images) or 1):
-            chunk = chunk.to(device=self.device, dtype=self.dtype)
-            out.append(self.latent_to_codes(self.encode_latent(chunk)))
+        out = [self.latent_to_codes(self.encode_latent(chunk.to(device=self.device, dtype=self.dtype)))
+               for chunk in images.split(batch_size or len(images) or 1)]
         return torch.cat(out) if out else torch.empty(0, *self.grid_shape, dtype=torch.long, device=self.device)
 
     @torch.no_grad()
     def decode(self, codes: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
         """Codes ``[B, h, w]`` (or ``[B, h * w]`` at :attr:`grid_shape`) → images ``[B, 3, H, W]`` in [-1, 1]."""
         codes = self.check_codes(codes)
-        out = []
-        for chunk in codes.split(batch_size or len(codes) or 1):
-            out.append(self.decode_latent(self.codes_to_latent(chunk.to(self.device))).clamp(-1, 1))
-        if not out:
-            return torch.empty(0, 3, *self.image_size, dtype=self.dtype, device=self.device)
-        return torch.cat(out)
+        out = [self.decode_latent(self.codes_to_latent(chunk.to(self.device))).clamp(-1, 1)
+               for chunk in codes.split(batch_size or len(codes) or 1)]
+        return torch.cat(out) if out else torch.empty(0, 3, *self.image_size, dtype=self.dtype, device=self.device)
 
     def check_codes(self, codes: Any) -> torch.Tensor:
         """Validate codes and return them as int64 ``[B, h, w]``; bad codes raise :class:`TerraInputError`."""
@@ -187,7 +181,10 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         """Load a saved tokenizer folder (or Hub id); calling it on the base class picks the class from config."""
         folder = _resolve_folder(str(path))
         config = _read_config(folder / CONFIG_NAME)
-        klass = _class_for(config, folder / CONFIG_NAME)
+        klass = _REGISTRY.get(config.get("model_type"))
+        if klass is None:
+            raise TerraInputError(f"{folder / CONFIG_NAME}: model_type {config.get('model_type')!r} is not a known "
+                                  f"tokenizer; use one of {sorted(_REGISTRY)}")
         if cls is not ImageTokenizer and not issubclass(klass, cls):
             raise TerraInputError(
                 f"{folder / CONFIG_NAME} describes a {config['model_type']} but {cls.__name__} was asked for; "
@@ -275,15 +272,6 @@ def _read_config(path: Path) -> dict[str, Any]:
     return config
 
 
-def _class_for(config: Mapping[str, Any], source: Path) -> type[ImageTokenizer]:
-    model_type = config.get("model_type")
-    if model_type not in _REGISTRY:
-        raise TerraInputError(
-            f"{source}: model_type {model_type!r} is not a known tokenizer; use one of {sorted(_REGISTRY)}"
-        )
-    return _REGISTRY[model_type]
-
-
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     for name in (WEIGHTS_NAME, TORCH_WEIGHTS_NAME):
         file = folder / name
@@ -301,13 +289,8 @@ def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
     raise TerraInputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by save_pretrained")
 
 
-# Wrappers that prefix every key: DistributedDataParallel and torch.compile.
-WRAPPER_PREFIXES = ("module.", "_orig_mod.")
-
-# Keys that hold training-time statistics, not weights: dropped before a strict load.
-IGNORED_KEYS = (
-    re.compile(r"^quantize\.codebook_used$"),  # LlamaGen's codebook-usage ring buffer
-)
+WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel's and torch.compile's
+IGNORED_KEYS = {"quantize.codebook_used"}  # LlamaGen's codebook-usage ring buffer: a statistic, not a weight
 
 
 def clean(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -315,8 +298,7 @@ def clean(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out = {}
     for key, value in state_dict.items():
         for prefix in WRAPPER_PREFIXES:
-            if key.startswith(prefix):
-                key = key[len(prefix):]
-        if not any(p.match(key) for p in IGNORED_KEYS):
+            key = key.removeprefix(prefix)
+        if key not in IGNORED_KEYS:
             out[key] = value
     return out

@@ -62,8 +62,7 @@ def check_codes(value: Any, where: str, codebook_size: int, fix: str) -> None:
         low, high = int(value.min()), int(value.max())
         if low < 0 or high >= codebook_size:
             raise TerraInputError(f"{where} holds codes from {low} to {high}, outside the codebook [0, "
-                                  f"{codebook_size}); "
-                             f"{fix}")
+                                  f"{codebook_size}); {fix}")
 
 
 def _numel(value: Any) -> int:
