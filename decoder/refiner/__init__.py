@@ -32,7 +32,6 @@ def load_refiner(path: str | os.PathLike, config: RefinerConfig | str = "terra",
                  dtype: torch.dtype | str | None = "auto", allow_cpu: bool = False) -> "VideoRefiner":
     """Load a refiner file (Terra's ``refiner_model.pt`` or one in its format) on ``device``."""
     config = preset(config) if isinstance(config, str) else config
-    config.check()
     device = torch.device(resolve_device(check_device("auto" if device is None else str(device))))
     check_refiner_device(config, device, allow_cpu)
     path = check_file(path)

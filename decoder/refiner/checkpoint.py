@@ -1,5 +1,4 @@
-"""``refiner_model.pt``: its tensor names (SVD / Vista layout) ↔ the refiner's diffusers modules, read and checked
-against the refiner's tensors with one-line errors."""
+"""``refiner_model.pt``'s tensor names (SVD / Vista layout) ↔ the refiner's diffusers modules; reading it."""
 
 from __future__ import annotations
 
@@ -118,11 +117,6 @@ def published_name(name: str, config: RefinerConfig) -> str:
     return PREFIXES[part] + vae_name(rest, config)
 
 
-def published_shape(published: str, shape: torch.Size | tuple[int, ...]) -> tuple[int, ...]:
-    """The published shape of a tensor of ``shape`` in the diffusers modules (1x1 conv attention: ``+ (1, 1)``)."""
-    return (*shape, 1, 1) if _CONV_ATTENTION.search(published) else tuple(shape)
-
-
 def key_table(shapes: Mapping[str, torch.Size | tuple[int, ...]], config: RefinerConfig
               ) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``{published name: (module name, published shape)}`` for a refiner's state-dict ``shapes``."""
@@ -131,13 +125,8 @@ def key_table(shapes: Mapping[str, torch.Size | tuple[int, ...]], config: Refine
         published = published_name(name, config)
         if published in table:
             raise AssertionError(f"two tensors map to {published}: {table[published][0]} and {name}")
-        table[published] = (name, published_shape(published, shape))
+        table[published] = (name, (*shape, 1, 1) if _CONV_ATTENTION.search(published) else tuple(shape))  # 1x1 convs
     return table
-
-
-def strip_wrapper(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Names without the ``_forward_module.`` prefix (kept as they are where absent)."""
-    return {k[len(WRAPPER_PREFIX):] if k.startswith(WRAPPER_PREFIX) else k: v for k, v in state_dict.items()}
 
 
 DOWNLOAD_HINT = ("video_refiner/refiner_model.pt of the Hugging Face repo turing-motors/Terra "
@@ -175,7 +164,7 @@ def read_state_dict(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         keys = sorted(data)[:5] if isinstance(data, dict) else type(data).__name__
         raise TerraInputError(f"{file} is not Terra's video refiner: it holds {keys}, not a {{'module': state_dict}} "
                               f"checkpoint; download {DOWNLOAD_HINT}")
-    return strip_wrapper(data["module"])
+    return {k.removeprefix(WRAPPER_PREFIX): v for k, v in data["module"].items()}
 
 
 def match_tensors(state_dict: Mapping[str, torch.Tensor], table: Mapping[str, tuple[str, tuple[int, ...]]],

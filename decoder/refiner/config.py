@@ -67,11 +67,9 @@ class RefinerConfig:
         unknown = sorted(set(changes) - known)
         if unknown:
             raise TerraInputError(f"unknown refiner settings {unknown}; known: {sorted(known)}")
-        config = dataclasses.replace(self, **changes)
-        config.check()
-        return config
+        return dataclasses.replace(self, **changes)
 
-    def check(self) -> None:
+    def __post_init__(self) -> None:
         """Raise :class:`TerraInputError` (one line) on settings the refiner cannot run with."""
         factor = 2 ** (len(self.vae_channels) - 1) * 2 ** (len(self.unet_channels) - 1)
         if self.height % factor or self.width % factor:
@@ -84,12 +82,9 @@ class RefinerConfig:
         if not 0 <= self.min_overlap < self.num_frames:
             raise TerraInputError(f"refiner.min_overlap={self.min_overlap} must be at least 0 and below the "
                                   f"{self.num_frames} frames of a pass; Terra uses 3")
-        if self.guidance not in GUIDANCE_MODES:
-            raise TerraInputError(f"refiner.guidance {self.guidance!r} is unknown; choose one of "
-                                  f"{list(GUIDANCE_MODES)}")
-        if self.arithmetic not in ARITHMETIC_MODES:
-            raise TerraInputError(f"refiner.arithmetic {self.arithmetic!r} is unknown; choose one of "
-                                  f"{list(ARITHMETIC_MODES)}")
+        for name, modes in (("guidance", GUIDANCE_MODES), ("arithmetic", ARITHMETIC_MODES)):
+            if getattr(self, name) not in modes:
+                raise TerraInputError(f"refiner.{name} {getattr(self, name)!r} is unknown; choose one of {list(modes)}")
         if not 0 < self.sigma_min < self.sigma_max:
             raise TerraInputError(f"refiner sigmas need 0 < sigma_min < sigma_max (got {self.sigma_min}, "
                                   f"{self.sigma_max})")

@@ -38,7 +38,6 @@ class VideoRefiner(nn.Module):
 
     def __init__(self, config: RefinerConfig) -> None:
         super().__init__()
-        config.check()
         self.config = config
         self.unet = UNetSpatioTemporalConditionModel(**config.unet_kwargs())
         for block in (*self.unet.down_blocks, self.unet.mid_block, *self.unet.up_blocks):
