@@ -23,13 +23,9 @@ def codes_to_frames(
 ) -> np.ndarray:
     """Codes ``[T, h, w]`` or ``[T, h * w]`` (tensor or array) → frames uint8 ``[T, H, W, 3]``."""
     codes = tokenizer.check_codes(torch.as_tensor(np.asarray(codes) if not torch.is_tensor(codes) else codes))
-    chunks = codes.split(max(1, batch_size))
-    chunks = tqdm(chunks, desc="decoding", disable=not shows_bars(progress))
+    chunks = tqdm(codes.split(max(1, batch_size)), desc="decoding", disable=not shows_bars(progress))
     frames = [part for chunk in chunks for part in _decode_fitting(tokenizer, chunk)]
-    if not frames:
-        height, width = tokenizer.image_size
-        return np.zeros((0, height, width, 3), dtype=np.uint8)
-    return np.concatenate(frames)
+    return np.concatenate(frames) if frames else np.zeros((0, *tokenizer.image_size, 3), dtype=np.uint8)
 
 
 def _decode_fitting(tokenizer: ImageTokenizer, codes: torch.Tensor) -> list[np.ndarray]:

@@ -80,7 +80,10 @@ def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: flo
     actions = np.asarray(actions, dtype=np.float64)
     if actions.ndim != 3 or actions.shape[2] != 3 or not np.all(np.isfinite(actions)):
         raise TerraInputError(f"actions to draw must be finite [T, 6, 3] ([y, x, time]), got {list(actions.shape)}")
-    routes = _routes_to_draw(routes)
+    if routes is not None:  # a frame whose rows are not all finite has no route
+        routes = np.asarray(routes, dtype=np.float64)
+        if routes.ndim != 3 or routes.shape[2] not in (2, 3) or routes.shape[1] == 0:
+            raise TerraInputError(f"routes to draw must be [T, K, 2|3] ([x, y(, s)]), got {list(routes.shape)}")
     inset = Inset.fit(*frames.shape[1:3], _reach(actions, routes), inset_fraction)
     x0, y0, size = inset.x0, inset.y0, inset.size
     font = ImageFont.load_default()
@@ -123,13 +126,3 @@ def _draw_route(layer: Image.Image, inset: Inset, route: np.ndarray, font: Image
     lx, ly = inset.x0 + inset.size - (right - left) - 4, inset.y0 - (bottom - top) - 5
     draw.rectangle([lx, ly, inset.x0 + inset.size, inset.y0 - 1], fill=(0, 0, 0, 200))
     draw.text((lx + 2 - left, ly + 2 - top), ROUTE_LABEL, fill=ROUTE_COLOR + (255,), font=font)
-
-
-def _routes_to_draw(routes: np.ndarray | None) -> np.ndarray | None:
-    """``routes`` as float64 ``[T, K, 2|3]`` (None: none); a frame whose rows are not all finite has no route."""
-    if routes is None:
-        return None
-    routes = np.asarray(routes, dtype=np.float64)
-    if routes.ndim != 3 or routes.shape[2] not in (2, 3) or routes.shape[1] == 0:
-        raise TerraInputError(f"routes to draw must be [T, K, 2|3] ([x, y(, s)]), got {list(routes.shape)}")
-    return routes

@@ -126,10 +126,8 @@ def write_mp4(path: str | os.PathLike, frames: np.ndarray, fps: float = 10.0) ->
 def encode_image(rgb: np.ndarray, image_format: str, quality: int = 90) -> bytes:
     """One uint8 ``[H, W, 3]`` frame → JPEG (``quality`` 1-100) or lossless PNG bytes."""
     buffer = io.BytesIO()
-    if image_format == "jpeg":
-        Image.fromarray(rgb).save(buffer, format="JPEG", quality=quality)
-    else:
-        Image.fromarray(rgb).save(buffer, format="PNG", compress_level=1)
+    options = dict(format="JPEG", quality=quality) if image_format == "jpeg" else dict(format="PNG", compress_level=1)
+    Image.fromarray(rgb).save(buffer, **options)
     return buffer.getvalue()
 
 
