@@ -1,5 +1,4 @@
-"""AlpaSim's HD map in a session: read once at ``start_session``, each chunk's frames' routes from it, and the
-condition frames that show what each frame's route slots were told."""
+"""AlpaSim's HD map in a session: each frame's route from it, and condition frames showing what each was told."""
 
 from __future__ import annotations
 

@@ -249,17 +249,14 @@ class SessionTable:
         return np.stack([result.codes.reshape(grid) for result in results])
 
     def _encode(self, session: AlpasimSession, codes: np.ndarray) -> list[bytes]:
-        frames = self.pipeline.decode(codes)
-        settings = self.settings
-        images = []
-        for rgb in frames:
-            if tuple(rgb.shape[:2]) != session.size:
-                rgb = fit_frame(Image.fromarray(rgb), session.size, "a frame", "crop")
-            images.append(encode_image(rgb, settings.image_format, settings.jpeg_quality))
-        return images
+        return [self._image(rgb if tuple(rgb.shape[:2]) == session.size
+                            else fit_frame(Image.fromarray(rgb), session.size, "a frame", "crop"))
+                for rgb in self.pipeline.decode(codes)]
 
     def _draw(self, session: AlpasimSession, poses: np.ndarray, routes: np.ndarray | None) -> list[bytes]:
         """The HD-map condition frames of a chunk: each frame's told route."""
-        settings = self.settings
-        return [encode_image(session.view.draw(pose, None if routes is None else routes[i]), settings.image_format,
-                             settings.jpeg_quality) for i, pose in enumerate(poses)]
+        return [self._image(session.view.draw(pose, None if routes is None else routes[i]))
+                for i, pose in enumerate(poses)]
+
+    def _image(self, rgb: np.ndarray) -> bytes:
+        return encode_image(rgb, self.settings.image_format, self.settings.jpeg_quality)

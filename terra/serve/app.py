@@ -1,5 +1,4 @@
-"""The HTTP and WebSocket interface of ``terra-serve`` (FastAPI), the page at ``/``, and the uvicorn server that runs
-them (:class:`GracefulServer`)."""
+"""``terra-serve``'s HTTP and WebSocket interface (FastAPI), its page at ``/`` and its uvicorn server."""
 
 from __future__ import annotations
 
@@ -39,10 +38,6 @@ def _error(status: int, message: str, headers: dict | None = None) -> Response:
     """``{"error": message}``, ASCII-escaped (a message may quote a client's string, lone surrogates and all)."""
     return Response(json_text({"error": message}), status_code=status, headers=headers,
                     media_type="application/json")
-
-
-def _status(err: TerraInputError) -> int:
-    return 404 if isinstance(err, NotFoundError) else 429 if isinstance(err, LimitError) else 400
 
 
 def create_app(service: SessionService) -> FastAPI:
@@ -90,7 +85,7 @@ def create_app(service: SessionService) -> FastAPI:
 
     @app.exception_handler(TerraInputError)
     async def input_error(request: Request, err: TerraInputError) -> Response:
-        return _error(_status(err), str(err))
+        return _error(404 if isinstance(err, NotFoundError) else 429 if isinstance(err, LimitError) else 400, str(err))
 
     @app.exception_handler(StarletteHTTPException)  # FastAPI's, and the router's own 404 / 405
     async def http_error(request: Request, err: StarletteHTTPException) -> Response:

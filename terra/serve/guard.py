@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Awaitable, Callable
+
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from terra.core.atomic import json_text
 from terra.serve.settings import ServeSettings, is_loopback, split_host, web_origin
-
-Scope = dict
-Receive = Callable[[], Awaitable[dict]]
-Send = Callable[[dict], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 STATE_CHANGING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")
