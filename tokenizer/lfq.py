@@ -1,5 +1,4 @@
-"""Terra's image tokenizer: the Open-MAGVIT2 (v1) LFQ model (``model_type: lfq_tokenizer``) and its lookup-free
-quantiser (each latent channel quantised to its sign, one bit per channel)."""
+"""Terra's image tokenizer: Open-MAGVIT2 (v1) around a lookup-free quantiser (one sign bit per latent channel)."""
 
 from __future__ import annotations
 

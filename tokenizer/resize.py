@@ -1,5 +1,4 @@
-"""How a frame is fitted to a tokenizer's size: cover and centre-crop (``crop``) or straight (``stretch``, as Terra
-does). Light (PIL and numpy): apps check ``tokenizer.resize`` before torch loads."""
+"""How a frame is fitted to a tokenizer's size: cover and centre-crop (``crop``) or straight (``stretch``)."""
 
 from __future__ import annotations
 

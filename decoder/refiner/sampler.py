@@ -1,5 +1,4 @@
-"""A refinement's passes: which frames each covers, its guidance, the temporal decoder's windows; and one pass, Terra's
-Euler EDM sampler over the spatio-temporal UNet with Terra's conditioning."""
+"""A refinement's passes, guidance and decoder windows, and Terra's Euler EDM sampler for one pass."""
 
 from __future__ import annotations
 
