@@ -39,6 +39,7 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
     """Base class: conv encoder → quantiser → codes; codes → embedding → conv decoder."""
 
     model_type: ClassVar[str] = ""
+    image_size: tuple[int, int]  # (H, W) the tokenizer works at
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -60,11 +61,6 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def codebook_size(self) -> int:
         """Codes are integers in ``[0, codebook_size)``."""
-
-    @property
-    @abstractmethod
-    def image_size(self) -> tuple[int, int]:
-        """``(H, W)`` the tokenizer works at."""
 
     @property
     def grid_shape(self) -> tuple[int, int]:

@@ -122,7 +122,7 @@ class LFQTokenizer(ImageTokenizer):
         self.decoder = Decoder(net["ch"], net["ch_mult"], net["num_res_blocks"], net["z_channels"], net["out_ch"])
         self.entropy_loss_weight = float(quant.get("entropy_loss_weight", 0.1))
         self.commitment_loss_weight = float(quant.get("commitment_loss_weight", 0.25))
-        self._image_size = tuple(int(v) for v in self.config.get("image_size") or DEFAULT_IMAGE_SIZE)
+        self.image_size = tuple(int(v) for v in self.config.get("image_size") or DEFAULT_IMAGE_SIZE)
         self._check_image_size()
 
     @property
@@ -132,10 +132,6 @@ class LFQTokenizer(ImageTokenizer):
     @property
     def codebook_size(self) -> int:
         return 2**self.num_bits
-
-    @property
-    def image_size(self) -> tuple[int, int]:
-        return self._image_size
 
     def latent_to_codes(self, latent: torch.Tensor) -> torch.Tensor:
         return self.quantize.latent_to_codes(latent)

@@ -77,7 +77,7 @@ class VQTokenizer(ImageTokenizer):
                                         bool(c["codebook_l2_norm"]))
         self.quant_conv = nn.Conv2d(int(c["z_channels"]), int(c["codebook_embed_dim"]), 1)
         self.post_quant_conv = nn.Conv2d(int(c["codebook_embed_dim"]), int(c["z_channels"]), 1)
-        self._image_size = tuple(int(v) for v in c["image_size"])
+        self.image_size = tuple(int(v) for v in c["image_size"])
         self._check_image_size()
 
     @property
@@ -87,10 +87,6 @@ class VQTokenizer(ImageTokenizer):
     @property
     def codebook_size(self) -> int:
         return int(self.config["codebook_size"])
-
-    @property
-    def image_size(self) -> tuple[int, int]:
-        return self._image_size
 
     def encode_latent(self, images: torch.Tensor) -> torch.Tensor:
         return self.quant_conv(self.encoder(images))
