@@ -137,12 +137,9 @@ class VideoRefiner(nn.Module):
 
     def encode_frames(self, images: torch.Tensor) -> torch.Tensor:
         """Images ``[T, 3, H, W]`` → conditioning latents ``[T, C, h, w]`` (the encoder's distribution mode)."""
-        out = []
-        for chunk in images.split(self.config.decode_batch):
-            chunk = chunk.to(self.dtype)
-            if self.config.channels_last:
-                chunk = chunk.contiguous(memory_format=torch.channels_last)
-            out.append(self.cond_encoder.encode(chunk).latent_dist.mode())
+        layout = torch.channels_last if self.config.channels_last else torch.contiguous_format
+        out = [self.cond_encoder.encode(chunk.to(self.dtype).contiguous(memory_format=layout)).latent_dist.mode()
+               for chunk in images.split(self.config.decode_batch)]
         return torch.cat(out) if out else images.new_zeros(0, self.config.latent_channels, *self.config.latent_size)
 
     def decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
