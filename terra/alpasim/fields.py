@@ -20,6 +20,10 @@ class RequestError(TerraInputError):
 
     status = "INVALID_ARGUMENT"
 
+    def __init__(self, message: str, status: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status or self.status
+
 
 def quoted(value: Any) -> str:
     """A client's value as a refusal or the log quotes it: ``repr`` (control characters escaped), cut short."""

@@ -29,18 +29,6 @@ log = logging.getLogger("terra.alpasim")
 ASPECT_TOLERANCE = 0.02  # a camera whose width / height is this close to the model's gets its frames resized
 
 
-class UnknownSession(RequestError):
-    status = "NOT_FOUND"
-
-
-class TooManySessions(RequestError):
-    status = "RESOURCE_EXHAUSTED"
-
-
-class OutOfFrames(RequestError):
-    status = "OUT_OF_RANGE"
-
-
 class SessionUnusable(RequestError):
     """A chunk of the session is being rendered, or a chunk failed and left it half-advanced."""
 
@@ -126,9 +114,9 @@ class SessionTable:
         self._reap_idle()
         with self._lock:
             if len(self.sessions) + self._opening >= self.settings.max_sessions:
-                raise TooManySessions(f"{len(self.sessions)} sessions are open, the most this server takes "
-                                      f"(alpasim.max_sessions={self.settings.max_sessions}); close one, or start "
-                                      "the server with more")
+                raise RequestError(f"{len(self.sessions)} sessions are open, the most this server takes "
+                                   f"(alpasim.max_sessions={self.settings.max_sessions}); close one, or start the "
+                                   "server with more", "RESOURCE_EXHAUSTED")
             self._opening += 1
         try:
             image = image_from_bytes(initial_frame, "initial_frames[0]", self.settings.max_image_pixels)
@@ -185,8 +173,9 @@ class SessionTable:
         with self._lock:
             session = self.sessions.get(session_id)
         if session is None:
-            raise UnknownSession(f"no session {quoted(session_id)}: it was closed, expired after "
-                                 f"{self.settings.idle_timeout_s:g} s idle or never started; call start_session")
+            raise RequestError(f"no session {quoted(session_id)}: it was closed, expired after "
+                               f"{self.settings.idle_timeout_s:g} s idle or never started; call start_session",
+                               "NOT_FOUND")
         return session
 
     def render(self, session_id: str, times_us: np.ndarray, poses: np.ndarray,
@@ -237,9 +226,9 @@ class SessionTable:
         """Refuse a chunk of ``count`` poses beyond what ``session`` may still render (``alpasim.max_frames``)."""
         left = self.settings.max_frames - session.track.frames
         if count > left:
-            raise OutOfFrames(f"session {session.id} has rendered {session.track.frames} frames and may render "
-                              f"{left} more (alpasim.max_frames={self.settings.max_frames}); the chunk asks for "
-                              f"{count}: start a new session, or the server with more")
+            raise RequestError(f"session {session.id} has rendered {session.track.frames} frames and may render "
+                               f"{left} more (alpasim.max_frames={self.settings.max_frames}); the chunk asks for "
+                               f"{count}: start a new session, or the server with more", "OUT_OF_RANGE")
 
     def _generate(self, session: AlpasimSession, actions: np.ndarray, routes: np.ndarray | None) -> np.ndarray:
         """The chunk's codes ``[m, h, w]``, its frames known up front: one request."""
