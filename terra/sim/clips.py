@@ -213,18 +213,11 @@ def _lane_keeping(
 def render_frames(num: int, image_size: tuple[int, int], seed: int, workers: int = 1) -> np.ndarray:
     """``uint8 [num, H, W, 3]`` frames of the synthetic world in ``workers`` processes (result independent of them)."""
     chunk = max(1, min(256, math.ceil(num / max(1, 4 * workers))))
-    jobs = [(min(chunk, num - start), image_size, seed * 100_000 + i) for i, start in enumerate(range(0, num, chunk))]
+    jobs = [(min(chunk, num - start), *image_size, seed * 100_000 + i) for i, start in enumerate(range(0, num, chunk))]
     if workers <= 1:
-        parts = [_render_frames_chunk(job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            parts = list(pool.map(_render_frames_chunk, jobs))
-    return np.concatenate(parts)
-
-
-def _render_frames_chunk(job: tuple[int, tuple[int, int], int]) -> np.ndarray:
-    count, (height, width), seed = job
-    return np.asarray(sample_frames(count, height, width, seed), dtype=np.uint8)
+        return np.concatenate([sample_frames(*job) for job in jobs])
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return np.concatenate(list(pool.map(sample_frames, *zip(*jobs))))
 
 
 def builtin_context(manoeuvre: str, num_frames: int, image_size: tuple[int, int], seed: int, params: dict):

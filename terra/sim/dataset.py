@@ -186,29 +186,18 @@ def write_dataset(
     kept = kept_outputs(out, found, wanted, lambda path: (shard_record(path) or {}).get("settings"), "shards",
                         "out_dir", APP)
     mark(out, wanted)
-    bar = Progress(num_clips, "rendering clips", "clip", enabled=progress)
     done = {name: shard_record(out / name)["clips"] for name in kept}
-    bar.update(sum(len(metas) for metas in done.values()))
     todo = [job for job in jobs if Path(job[0]).name not in kept]
-    for job, metas in zip(todo, map_in_processes(_write_shard, todo, workers)):
-        done[Path(job[0]).name] = metas
-        bar.update(job[2] - job[1])
-    bar.close()
-    clips_meta = [meta for name in wanted for meta in done[name]]
-    meta = {
-        "version": DATASET_VERSION,
-        "num_clips": num_clips,
-        "num_frames": num_frames,
-        "height": height,
-        "width": width,
-        "fps": FRAME_RATE_HZ,
-        "seed": seed,
-        "domain": domain,
-        "recipe": recipe,
-        "route_points": DATASET_ROUTE_POINTS,
-        "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
-        "clips": clips_meta,
-    }
+    with Progress(num_clips, "rendering clips", "clip", enabled=progress) as bar:
+        bar.update(sum(len(metas) for metas in done.values()))
+        for job, metas in zip(todo, map_in_processes(_write_shard, todo, workers)):
+            done[Path(job[0]).name] = metas
+            bar.update(job[2] - job[1])
+    meta = {"version": DATASET_VERSION, "num_clips": num_clips, "num_frames": num_frames, "height": height,
+            "width": width, "fps": FRAME_RATE_HZ, "seed": seed, "domain": domain, "recipe": recipe,
+            "route_points": DATASET_ROUTE_POINTS,
+            "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
+            "clips": [meta for name in wanted for meta in done[name]]}
     write_text(out / META_FILE, json_text(meta, indent=1))
     return out
 
@@ -238,17 +227,14 @@ def check_sizes(**values: Any) -> tuple[int, ...]:
     return tuple(sizes.values())
 
 
-def map_in_processes(function: Callable[..., Any], jobs: list[tuple], workers: int) -> Iterable[Any]:
+def map_in_processes(function: Callable[..., Any], jobs: list[tuple], workers: int) -> Iterator[Any]:
     """``function(*job)`` of each job, in order, in ``workers`` processes (0 = one per core; 1 = here)."""
     workers = min(workers or usable_cores(), len(jobs))
     if workers <= 1:
-        return (function(*job) for job in jobs)
+        yield from (function(*job) for job in jobs)
+        return
     # fork: workers inherit the imported modules instead of re-importing torch/transformers.
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    return _pool_map(function, jobs, workers, context)
-
-
-def _pool_map(function: Callable[..., Any], jobs: list[tuple], workers: int, context) -> Iterator[Any]:
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         yield from pool.map(function, *zip(*jobs))
 
