@@ -197,13 +197,10 @@ class Scene:
                                      np.concatenate(parts) if parts else np.zeros((0, 2)))
         return self.outlines[margin]
 
-    def segments_in_view(
-        self, pose: np.ndarray, far: float, half_fov: float, margin: float = ROAD_HALF_WIDTH_M + SHOULDER_M + 2.0
-    ) -> list[tuple[int, float, float]]:
-        """Segments that may show road from ``pose`` (x, y, yaw) within ``far`` and ``half_fov``.
-
-        Returns ``(index, nearest, farthest)`` forward distances each covers, widened by ``margin``.
-        """
+    def segments_in_view(self, pose: np.ndarray, far: float, half_fov: float) -> list[tuple[int, float, float]]:
+        """``(index, nearest, farthest)`` of the segments that may show road from ``pose`` (x, y, yaw) within ``far``
+        and ``half_fov``: the forward distances each covers, widened by a margin past the shoulders."""
+        margin = ROAD_HALF_WIDTH_M + SHOULDER_M + 2.0
         starts, points = self.road_outline(margin)
         fwd, left = to_ego(points, pose).T
         in_cone = np.abs(left) < np.abs(fwd) * np.tan(half_fov + 0.1) + margin
@@ -222,10 +219,8 @@ class Scene:
 
 def _mirrored(scene: Scene) -> Scene:
     """``scene`` mirrored across the road's starting axis (y -> -y): curves, positions and headings change side."""
-    xyh = scene.seg_xyh * np.array([1.0, -1.0, -1.0])
-    objects = Objects(scene.objects.kind, scene.objects.xy * np.array([1.0, -1.0]), scene.objects.size,
-                      scene.objects.colour, scene.objects.colour2)
-    return replace(scene, seg_curv=-scene.seg_curv, seg_xyh=xyh, objects=objects)
+    return replace(scene, seg_curv=-scene.seg_curv, seg_xyh=scene.seg_xyh * np.array([1.0, -1.0, -1.0]),
+                   objects=replace(scene.objects, xy=scene.objects.xy * np.array([1.0, -1.0])))
 
 
 def _road_segments(rng: np.random.Generator, length: float):
@@ -286,13 +281,8 @@ def _palette(rng: np.random.Generator) -> Palette:
 
 def _night_palette(day: Palette) -> Palette:
     """The night's colours of a scene, derived from the day's: deep blue sky, dark hills, ground unchanged."""
-    return Palette(**{
-        **day.__dict__,
-        "sky_top": day.sky_top * np.array([0.04, 0.05, 0.10]),
-        "haze": day.haze * np.array([0.07, 0.08, 0.14]),
-        "hills_far": day.hills_far * 0.06,
-        "hills_near": day.hills_near * 0.04,
-    })
+    return replace(day, sky_top=day.sky_top * np.array([0.04, 0.05, 0.10]), hills_far=day.hills_far * 0.06,
+                   haze=day.haze * np.array([0.07, 0.08, 0.14]), hills_near=day.hills_near * 0.04)
 
 
 def _objects(rng: np.random.Generator, scene: Scene) -> Objects:
