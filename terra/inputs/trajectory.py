@@ -29,15 +29,8 @@ class EgoTrajectory:
     yaw: np.ndarray  # [N] radians, unwrapped
 
     @classmethod
-    def from_arrays(
-        cls,
-        x: np.ndarray,
-        y: np.ndarray,
-        yaw: np.ndarray | None = None,
-        t: np.ndarray | None = None,
-        rate_hz: float = FRAME_RATE_HZ,
-        source: str = "trajectory",
-    ) -> "EgoTrajectory":
+    def from_arrays(cls, x: np.ndarray, y: np.ndarray, yaw: np.ndarray | None = None, t: np.ndarray | None = None,
+                    rate_hz: float = FRAME_RATE_HZ, source: str = "trajectory") -> "EgoTrajectory":
         """Validate and build; ``yaw`` defaults to the direction of motion, ``t`` to samples at ``rate_hz``."""
         x = np.asarray(x, dtype=np.float64).reshape(-1)
         y = np.asarray(y, dtype=np.float64).reshape(-1)
@@ -138,16 +131,8 @@ def _integrate_arc(x0: float, y0: float, yaw0: float, speed: float, rate: float,
 
 # ---------------------------------------------------------------------------------------------- manoeuvres
 
-MANOEUVRES = (
-    "straight",
-    "curve_left",
-    "curve_right",
-    "accelerate",
-    "decelerate",
-    "stop",
-    "lane_change_left",
-    "lane_change_right",
-)
+MANOEUVRES = ("straight", "curve_left", "curve_right", "accelerate", "decelerate", "stop", "lane_change_left",
+              "lane_change_right")
 # Keeping the ego lane along a synthetic scene's road: only where that road exists.
 FOLLOW_LANE = "follow_lane"
 
@@ -184,16 +169,9 @@ def check_manoeuvre_params(params, source: str = "manoeuvre_params") -> dict[str
     return checked
 
 
-def manoeuvre_trajectory(
-    name: str,
-    duration_s: float,
-    speed_kmh: float = 30.0,
-    radius_m: float = 30.0,
-    accel_mps2: float = 2.0,
-    lane_width_m: float = 3.5,
-    change_s: float = 3.0,
-    rate_hz: float = 100.0,
-) -> EgoTrajectory:
+def manoeuvre_trajectory(name: str, duration_s: float, speed_kmh: float = 30.0, radius_m: float = 30.0,
+                         accel_mps2: float = 2.0, lane_width_m: float = 3.5, change_s: float = 3.0,
+                         rate_hz: float = 100.0) -> EgoTrajectory:
     """Synthesise a world-frame trajectory for a named manoeuvre starting at the origin, heading +x."""
     if name not in MANOEUVRES:
         raise TerraInputError(f"unknown manoeuvre {shown(name)}; choose one of: {', '.join(MANOEUVRES)}")

@@ -94,17 +94,8 @@ def clip_from_trajectory(
     )
 
 
-def make_clip(
-    scene: Scene,
-    manoeuvre: str,
-    num_frames: int,
-    height: int,
-    width: int,
-    speed_kmh: float = 30.0,
-    start_s: float = 0.0,
-    lateral_m: float | None = None,
-    **manoeuvre_params: float,
-) -> Clip:
+def make_clip(scene: Scene, manoeuvre: str, num_frames: int, height: int, width: int, speed_kmh: float = 30.0,
+              start_s: float = 0.0, lateral_m: float | None = None, **manoeuvre_params: float) -> Clip:
     """A clip of ``manoeuvre`` from arc length ``start_s``, ``lateral_m`` left of the road's centre (None: ego lane)."""
     world = manoeuvre_in_scene(scene, manoeuvre, num_frames, speed_kmh, start_s, lateral_m, **manoeuvre_params)
     return clip_from_trajectory(scene, world, num_frames, height, width, manoeuvre, start_s, speed_kmh)

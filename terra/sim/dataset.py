@@ -146,20 +146,9 @@ class MakeDatasetConfig:
     compress: Any = flag(True, "format=shards only: npz deflate, about 4x smaller, slower to read")
 
 
-def write_dataset(
-    out_dir: str | Path,
-    num_clips: int,
-    num_frames: int,
-    height: int,
-    width: int,
-    seed: int = 0,
-    clips_per_shard: int = 64,
-    workers: int = 1,
-    compress: bool = True,
-    progress: bool = True,
-    domain: str = "day",
-    recipe: str = "manoeuvres",
-) -> Path:
+def write_dataset(out_dir: str | Path, num_clips: int, num_frames: int, height: int, width: int, seed: int = 0,
+                  clips_per_shard: int = 64, workers: int = 1, compress: bool = True, progress: bool = True,
+                  domain: str = "day", recipe: str = "manoeuvres") -> Path:
     """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` into ``out_dir``.
 
     Args:

@@ -34,18 +34,9 @@ def clip_id(domain: str, seed: int, index: int) -> str:
     return f"{domain}-{seed}-{index:05d}"
 
 
-def write_driving_logs(
-    out_dir: str | Path,
-    num_clips: int,
-    num_frames: int,
-    height: int,
-    width: int,
-    seed: int = 0,
-    domain: str = "day",
-    workers: int = 1,
-    progress: bool = True,
-    recipe: str = "manoeuvres",
-) -> Path:
+def write_driving_logs(out_dir: str | Path, num_clips: int, num_frames: int, height: int, width: int, seed: int = 0,
+                       domain: str = "day", workers: int = 1, progress: bool = True,
+                       recipe: str = "manoeuvres") -> Path:
     """Render ``num_clips`` random clips as driving logs in ``out_dir`` in ``workers`` processes (0 = one per core)."""
     num_clips, num_frames, height, width, seed, workers = check_sizes(
         num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed, workers=workers)
