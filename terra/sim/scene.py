@@ -169,11 +169,6 @@ class Scene:
             np.copyto(d_out[rows], np.where(np.abs(excess) > 0.5, np.inf, lat), where=take)
         return s_out, d_out
 
-    def _lane_lengths(self, d: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(s, along)``: arc length ``along`` of the line at lateral offset ``d`` at the segments' ends ``s``."""
-        s = np.append(self.seg_s0, self.length_m)
-        return s, s - d * (self.road_pose(s)[:, 2] - self.seg_xyh[0, 2])
-
     def route(self, poses: np.ndarray, points: int) -> np.ndarray:
         """Routes ``[..., K, 3]`` of world ``poses`` ``[..., 3]``: the ego lane's centre ahead, in each pose's ego
         frame.
@@ -181,7 +176,8 @@ class Scene:
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
         s0, _ = self.road_coords(flat[:, 0], flat[:, 1])
-        s, along = self._lane_lengths(self.ego_lane_offset_m)
+        s = np.append(self.seg_s0, self.length_m)  # the segments' ends, and the ego lane's arc length there
+        along = s - self.ego_lane_offset_m * (self.road_pose(s)[:, 2] - self.seg_xyh[0, 2])
         reached = np.interp(np.interp(s0, s, along)[:, None] + route_distances(points)[None], along, s)
         forward_left = to_ego(self.lane_pose(reached)[..., :2], flat[:, None])
         return routes_from_xy(forward_left).reshape(poses.shape[:-1] + (points, ROUTE_POINT_VALUES))
