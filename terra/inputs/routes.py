@@ -12,6 +12,7 @@ import orjson
 
 from terra.contract.routes import ROAD_ENDED, TOLD
 from terra.core.errors import TerraInputError, clipped, error_reason
+from terra.inputs.context import resolve_path
 from terra.inputs.trajectory import EgoTrajectory
 from terra.roads import Road, read_clipgt, read_road_file, road_from_json, told_routes_along
 from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M, nearest_lane
@@ -47,10 +48,9 @@ def given_routes(mapping: Mapping, where: str, base: Path | None = None) -> Give
         return GivenRoutes(null[0], None, where) if null else None
     key = present[0]
     value = mapping[key]
-    if key == ROAD and isinstance(value, str) and not value.lstrip().startswith("["):
-        path = Path(value).expanduser()
-        value = road_of_setting(str(path if path.is_absolute() or base is None else base / path), f"{where}: {key}")
-    elif key == ROAD:
+    if key == ROAD:
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            value = resolve_path(value, base or Path())
         value = road_of_setting(value, f"{where}: {key}")
     return GivenRoutes(key, value, where)
 
