@@ -159,8 +159,7 @@ def write_dataset(out_dir: str | Path, num_clips: int, num_frames: int, height: 
         num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed,
         clips_per_shard=clips_per_shard, workers=workers)
     check_flag(compress, "compress")
-    check_choice(domain, "domain", DOMAINS)
-    check_recipe(recipe, num_frames)
+    check_recipe(recipe, num_frames, domain)
     out = Path(out_dir)
     if (out / META_FILE).exists():
         raise TerraInputError(f"{out} already holds a dataset ({META_FILE}); choose a new out_dir or delete it")
@@ -191,8 +190,10 @@ def write_dataset(out_dir: str | Path, num_clips: int, num_frames: int, height: 
     return out
 
 
-def check_recipe(recipe: str, num_frames: int) -> None:
-    """``recipe`` one of :data:`RECIPES`, and recovery clips longer than a rollout's context (one line otherwise)."""
+def check_recipe(recipe: str, num_frames: int, domain: str) -> None:
+    """``domain`` one of :data:`DOMAINS`, ``recipe`` one of :data:`RECIPES`, and recovery clips longer than a rollout's
+    context (one line otherwise)."""
+    check_choice(domain, "domain", DOMAINS)
     check_choice(recipe, "recipe", tuple(RECIPES))
     if recipe == "recoveries" and num_frames <= CONTEXT_FRAMES:
         raise TerraInputError(f"a recovery clip needs more than {CONTEXT_FRAMES} frames, a rollout's context and a "
