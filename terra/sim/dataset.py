@@ -66,9 +66,15 @@ def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], re
             want = wanted[name]
             changed[name] = sorted(k for k in want.keys() | record.keys() if record.get(k) != want.get(k))
     stale = [*changed, *unwanted, *unrecorded]
-    for name in stale:
-        _remove(out / name)
-    _remove_leftovers(out, listed - set(wanted))
+    for path in (out / name for name in stale):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    leftovers = {f".{name}{end}" for name in listed - set(wanted) for end in LEFTOVERS}  # atomic writes cut short
+    for entry in os.scandir(out):
+        if entry.name in leftovers and entry.is_dir():
+            shutil.rmtree(entry.path, ignore_errors=True)
     if stale:
         why = [f"{len(changed)} made with other {', '.join(sorted({k for keys in changed.values() for k in keys}))}"
                if changed else "", f"{len(unwanted)} that this run does not write" if unwanted else "",
@@ -76,21 +82,6 @@ def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], re
         print(f"{app}: removed {len(stale)} {what} that an earlier run left in {one_line(out)} "
               f"({'; '.join(w for w in why if w)})", file=sys.stderr, flush=True)
     return keep
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _remove_leftovers(out: Path, names: set[str]) -> None:
-    """Delete the temporary folders ``.<name>.tmp`` / ``.<name>.old`` of atomic writes cut short, for ``names``."""
-    for entry in os.scandir(out):
-        name = entry.name
-        if name.startswith(".") and name.endswith(LEFTOVERS) and name[1:-4] in names and entry.is_dir():
-            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 DATASET_VERSION = 3  # 3: routes [x, y, s] (2: [y, x, s]; 1: the road's centre line)
@@ -103,9 +94,6 @@ SHARD_RECORD = "record"  # a shard's array of JSON text: {"settings": ..., "clip
 # what makes a shard (its _write_shard job after the path): a rerun keeps a shard made with the same
 SHARD_SETTINGS = ("start", "end", "num_frames", "height", "width", "seed", "compress", "domain", "recipe")
 # What a dataset's drives are (the ``recipe`` setting): each draws a Drive from (rng, num_frames, domain).
-# manoeuvres: 2 s clips of single manoeuvres and lane keeping; long_drives: 20 s drives with the states
-# closed-loop policies reach; recoveries: long drives' stretches whose context frames are seen from off
-# the car's pose.
 RECIPES: dict[str, Callable[[np.random.Generator, int, str], Drive]] = {
     "manoeuvres": random_drive, "long_drives": random_long_drive, "recoveries": random_recovery}
 SIZES = {  # terra-make-dataset's sizes (and write_dataset's, write_driving_logs')
