@@ -38,14 +38,11 @@ class EgoTrajectory:
         if n < 2 or len(y) != n:
             raise TerraInputError(f"{source}: needs at least 2 points with as many x as y values "
                                   f"(got {n} x, {len(y)} y)")
-        if t is None:
-            t = np.arange(n) / RATE_HZ.check(rate_hz, "rate_hz", f"{source}: ")
-        t = np.asarray(t, dtype=np.float64).reshape(-1)
+        t = np.asarray(np.arange(n) / RATE_HZ.check(rate_hz, "rate_hz", f"{source}: ") if t is None else t,
+                       dtype=np.float64).reshape(-1)
         if len(t) != n:
             raise TerraInputError(f"{source}: has {len(t)} timestamps for {n} points; give one timestamp per point")
-        if yaw is None:
-            yaw = _heading_from_motion(x, y)
-        yaw = np.asarray(yaw, dtype=np.float64).reshape(-1)
+        yaw = np.asarray(_heading_from_motion(x, y) if yaw is None else yaw, dtype=np.float64).reshape(-1)
         if len(yaw) != n:
             raise TerraInputError(f"{source}: has {len(yaw)} yaw values for {n} points; give one per point or none")
         for name, arr, limit, unit in (("t", t, MAX_TIME_S, "s"), ("x", x, MAX_COORDINATE_M, "m"),
@@ -79,9 +76,7 @@ class EgoTrajectory:
         """``[..., 3]`` poses (x, y, yaw) at absolute ``times``; extrapolated with the final speed and yaw rate."""
         times = np.asarray(times, dtype=np.float64)
         flat = times.reshape(-1)
-        x = np.interp(flat, self.t, self.x)
-        y = np.interp(flat, self.t, self.y)
-        yaw = np.interp(flat, self.t, self.yaw)
+        x, y, yaw = (np.interp(flat, self.t, values) for values in (self.x, self.y, self.yaw))
         late = flat > self.t[-1]
         if np.any(late):
             dt_last = self.t[-1] - self.t[-2]
