@@ -41,15 +41,10 @@ def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
     """Write ``clips`` to ``path`` atomically (temporary file in the same folder, then rename)."""
     path = Path(path)
     dtype = np.int16 if clips.codebook_size <= np.iinfo(np.int16).max + 1 else np.int32
-    tensors = {
-        "codes": np.ascontiguousarray(clips.codes, dtype=dtype),
-        "actions": np.ascontiguousarray(clips.actions, dtype=np.float32),
-        "poses": np.ascontiguousarray(clips.poses, dtype=np.float64),
-    }
-    if clips.routes is not None:
-        tensors["routes"] = np.ascontiguousarray(clips.routes, dtype=np.float32)
-    if clips.off_pose_frames is not None:
-        tensors["off_pose_frames"] = np.ascontiguousarray(clips.off_pose_frames, dtype=np.int32)
+    arrays = {"codes": (clips.codes, dtype), "actions": (clips.actions, np.float32), "poses": (clips.poses, np.float64),
+              "routes": (clips.routes, np.float32), "off_pose_frames": (clips.off_pose_frames, np.int32)}
+    tensors = {name: np.ascontiguousarray(array, dtype=kind) for name, (array, kind) in arrays.items()
+               if array is not None}
     metadata = {
         "version": TOKENS_VERSION, "codebook_size": str(clips.codebook_size),
         "image_height": str(clips.image_size[0]), "image_width": str(clips.image_size[1]),
