@@ -1,7 +1,6 @@
 """The synthetic world's front camera: a pinhole at any image size.
 
-Ego frame: x forward, y left, z up; image: u right, v down, pixel centres at +0.5.
-"""
+Ego frame: x forward, y left, z up; image: u right, v down, pixel centres at +0.5."""
 
 from __future__ import annotations
 

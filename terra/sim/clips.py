@@ -76,11 +76,9 @@ def clip_from_trajectory(
     scene: Scene, trajectory: EgoTrajectory, num_frames: int, height: int, width: int,
     manoeuvre: str, start_s: float, speed_kmh: float, camera_offsets: np.ndarray | None = None,
 ) -> Clip:
-    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes.
-
-    ``camera_offsets`` ``[>= num_frames, 3]`` moves each frame's camera off its pose;
-    poses, actions and routes stay the car's.
-    """
+    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes;
+    ``camera_offsets`` ``[>= num_frames, 3]`` moves each frame's camera off its pose; poses, actions and routes stay the
+    car's."""
     poses = trajectory.poses_at(trajectory.t[0] + np.arange(num_frames) / FRAME_RATE_HZ)
     trajs = trajectory.instruction_trajs(num_frames)
     offsets = None if camera_offsets is None else np.asarray(camera_offsets)[:num_frames]
@@ -119,10 +117,8 @@ def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: i
 
 
 def random_drive(rng: np.random.Generator, num_frames: int, domain: str = "day") -> Drive:
-    """A drive from the training distribution: random scene, start, speed (15-60 km/h) and manoeuvre.
-
-    The same ``rng`` gives the same drive in every ``domain``.
-    """
+    """A drive from the training distribution: random scene, start, speed (15-60 km/h) and manoeuvre; the same ``rng``
+    gives the same drive in every ``domain``."""
     if num_frames < 1:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
     scene = Scene.generate(int(rng.integers(2**31)), SCENE_LENGTH_M, domain)

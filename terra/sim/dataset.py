@@ -1,7 +1,6 @@
 """A folder of synthetic clips on disk: :func:`write_dataset` renders them into ``.npz`` shards, :class:`ClipDataset`
 reads. Clip ``i`` is drawn from ``default_rng([seed, i])``; ``meta.json`` is written last; a rerun keeps only the
-outputs recorded with its settings.
-"""
+outputs recorded with its settings."""
 
 from __future__ import annotations
 
@@ -37,11 +36,9 @@ LEFTOVERS = (".tmp", ".old")  # atomic_dir's ``.<name>.tmp`` and ``.<name>.old``
 
 def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], recorded: Callable[[Path], dict | None],
                  what: str, setting: str, app: str) -> set[str]:
-    """The names among ``found`` whose ``recorded`` settings equal ``wanted[name]``.
-
-    The rest of this program's outputs are removed with one line on stderr; an entry not listed in the folder's marker
-    raises :class:`TerraInputError` before anything is removed.
-    """
+    """The names among ``found`` whose ``recorded`` settings equal ``wanted[name]``; the rest of this program's outputs
+    are removed with one line on stderr; an entry not listed in the folder's marker raises :class:`TerraInputError`
+    before anything is removed."""
     found = sorted(found)
     listed = marked(out)
     foreign = [name for name in found if name not in listed]
@@ -141,8 +138,7 @@ def write_dataset(out_dir: str | Path, num_clips: int, num_frames: int, height: 
 
     Args:
         workers: processes rendering shards (0 = one per CPU core).
-        recipe: one of :data:`RECIPES`.
-    """
+        recipe: one of :data:`RECIPES`."""
     num_clips, num_frames, height, width, seed, clips_per_shard, workers = check_sizes(
         num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed,
         clips_per_shard=clips_per_shard, workers=workers)
@@ -190,8 +186,7 @@ def check_recipe(recipe: str, num_frames: int, domain: str) -> None:
 
 def check_sizes(**values: Any) -> tuple[int, ...]:
     """Each size of :data:`SIZES` given, checked, as ints in order; a writer's held frames within
-    :data:`MAX_HELD_BYTES`.
-    """
+    :data:`MAX_HELD_BYTES`."""
     sizes = {name: SIZES[name].check(value, name) for name, value in values.items()}
     clips_held = min(sizes.get("clips_per_shard", 1), sizes["num_clips"])
     held = clips_held * sizes["num_frames"] * sizes["height"] * sizes["width"] * 3

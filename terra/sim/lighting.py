@@ -46,10 +46,8 @@ class NightLights:
     def ground(self, weights: np.ndarray, palette: np.ndarray, fwd: np.ndarray, left: np.ndarray,
                head: np.ndarray, retro: tuple[int, ...]) -> np.ndarray:
         """RGB ``[Hg, W, 3]`` of ground pixels from layer ``weights [Hg, W, K]`` and ``palette [K, 3]`` (last row:
-        haze).
-
-        Rows ``retro`` are retroreflective; ``fwd``, ``left``: the pixels' ego-frame ground points; ``head``: headlight.
-        """
+        haze); rows ``retro`` are retroreflective; ``fwd``, ``left``: the pixels' ego-frame ground points; ``head``:
+        headlight."""
         reflect = palette.copy()
         reflect[-1] = 0.0
         boosted = reflect.copy()

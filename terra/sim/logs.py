@@ -1,6 +1,5 @@
 """Synthetic clips written as driving logs (the layout ``terra-prepare-logs`` reads): a folder per clip with
-frames, ``timestamps.txt``, ``trajectory.csv``, ``road.json`` and a hidden settings record; ``clips.json`` last.
-"""
+frames, ``timestamps.txt``, ``trajectory.csv``, ``road.json`` and a hidden settings record; ``clips.json`` last."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """Long drives with the states a driving policy leads a car into, for world-model training.
 
 Lane-relative drives (behaviour segments of lateral offset and speed) and chains of ACT-Bench manoeuvres; scene
-seeds of the closed-loop study's scenarios are never drawn.
-"""
+seeds of the closed-loop study's scenarios are never drawn."""
 
 from __future__ import annotations
 
@@ -117,8 +116,7 @@ def speed_profile(rng: np.random.Generator, t: np.ndarray, speed0: float) -> np.
 def lateral_profile(rng: np.random.Generator, road_heading: np.ndarray, lane_m: float
                     ) -> tuple[np.ndarray, list[str]]:
     """Lateral offsets (m, left of the road's centre) every :data:`GRID_M` driven, from lane centre ``lane_m``, and the
-    behaviours drawn.
-    """
+    behaviours drawn."""
     n = len(road_heading)
     target = np.empty(n)
     fast = np.zeros(n)  # the wobbles, added after the smoothing
@@ -193,10 +191,8 @@ def _ramp(a: float, b: float, metres: float) -> np.ndarray:
 
 
 def _wobble(rng: np.random.Generator, d: float, lane: float) -> tuple[np.ndarray, np.ndarray]:
-    """A wobble from offset ``d``: back to lane centre ``lane`` over 10 m, then 30-100 m about it.
-
-    Returns the slow target offsets and the swing added after smoothing.
-    """
+    """A wobble from offset ``d``: back to lane centre ``lane`` over 10 m, then 30-100 m about it; returns the slow
+    target offsets and the swing added after smoothing."""
     wavelength = float(rng.uniform(*WOBBLE_WAVELENGTH_M))
     amplitude = float(np.exp(rng.uniform(*np.log(WOBBLE_AMPLITUDE_M))))
     back = _ramp(d, lane, 10.0)

@@ -1,7 +1,6 @@
 """Render a :class:`~terra.sim.scene.Scene` from an ego pose with the front camera, vectorised in numpy.
 
-Pure function of (scene, pose, size): identical pixels every call.
-"""
+Pure function of (scene, pose, size): identical pixels every call."""
 
 from __future__ import annotations
 
@@ -204,10 +203,8 @@ def _draw_objects(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, 
 
 
 def _draw_object(img, kind, u, v, scale, size, c1, c2, haze, fog, light=1.0, glow_colour=None) -> None:
-    """One billboard from rectangles ``(x offset, width, bottom, top)`` and ellipses, in metres.
-
-    Colours are multiplied by ``light`` before fading into ``haze``; ``glow_colour``: what a lit part shines in.
-    """
+    """One billboard from rectangles ``(x offset, width, bottom, top)`` and ellipses, in metres; colours are multiplied
+    by ``light`` before fading into ``haze``; ``glow_colour``: what a lit part shines in."""
     w, h = size
     c1, c2, white = c1 * light, c2 * light, np.full(3, 0.95) * light
     c1 = c1 + fog * (haze - c1)

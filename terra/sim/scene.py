@@ -1,8 +1,7 @@
 """A procedural driving scene: a curving two-lane road, roadside objects, parked cars and distant hills.
 
 World frame: x forward at yaw 0, y left, yaw counter-clockwise, metres and radians; ``s`` is arc length along the
-centreline, ``d`` the lateral offset (left positive). One seed fully determines the scene.
-"""
+centreline, ``d`` the lateral offset (left positive). One seed fully determines the scene."""
 
 from __future__ import annotations
 
@@ -135,11 +134,9 @@ class Scene:
     def road_coords(
         self, x: np.ndarray, y: np.ndarray, segments: list[tuple[int, slice]] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Road coordinates ``(s, d)`` of world points: arc length of the nearest centreline point, lateral offset.
-
-        ``segments`` restricts the search to ``(segment index, slice)`` pairs; uncovered points and
-        points past the ends get ``d = inf``.
-        """
+        """Road coordinates ``(s, d)`` of world points: arc length of the nearest centreline point, lateral offset;
+        ``segments`` restricts the search to ``(segment index, slice)`` pairs; uncovered points and points past the ends
+        get ``d = inf``."""
         dtype = np.result_type(x, y)
         best = np.full(x.shape, np.inf, dtype=dtype)
         s_out = np.zeros(x.shape, dtype=dtype)
@@ -171,8 +168,7 @@ class Scene:
 
     def route(self, poses: np.ndarray, points: int) -> np.ndarray:
         """Routes ``[..., K, 3]`` of world ``poses`` ``[..., 3]``: the ego lane's centre ahead, in each pose's ego
-        frame.
-        """
+        frame."""
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
         s0, _ = self.road_coords(flat[:, 0], flat[:, 1])

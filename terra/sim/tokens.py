@@ -1,6 +1,5 @@
 """Tokenized clips in one safetensors file: ``codes`` ``[N, T, h, w]``, ``actions`` ``[N, T, 6, 3]``, ``poses``
-``[N, T, 3]``, optional ``routes`` ``[N, T, M, 3]`` and ``off_pose_frames`` ``[N]``, and metadata.
-"""
+``[N, T, 3]``, optional ``routes`` ``[N, T, M, 3]`` and ``off_pose_frames`` ``[N]``, and metadata."""
 
 from __future__ import annotations
 
@@ -100,11 +99,8 @@ def load_tokens(path: str | Path) -> TokenizedClips:
 
 
 def checked_routes(routes: np.ndarray, frames: tuple[int, ...], where: str, fix: str) -> np.ndarray:
-    """Routes ``[*frames, M, 3]`` (``M >= 2``) from a training file, checked and returned float32.
-
-    Each frame's route is all NaN ("no route") or finite and in reach; ``where`` names the tensor,
-    ``fix`` ends the line.
-    """
+    """Routes ``[*frames, M, 3]`` (``M >= 2``) from a training file, checked and returned float32; each frame's route is
+    all NaN ("no route") or finite and in reach; ``where`` names the tensor, ``fix`` ends the line."""
     shape = tuple(routes.shape)
     if shape[:-2] != tuple(frames) or len(shape) != len(frames) + 2 or shape[-2] < 2 or shape[-1] != ROUTE_POINT_VALUES:
         wanted = ", ".join(str(n) for n in frames)
