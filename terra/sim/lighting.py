@@ -81,8 +81,3 @@ def night_lights(scene: Scene, pose: np.ndarray) -> NightLights | None:
     reach = 3.0 * LAMP_RADIUS_M  # a pool's light ends here
     near = (fwd > -reach) & (fwd < LAMP_RANGE_M) & (np.abs(left) < np.maximum(fwd, 0.0) + reach)  # in view: 45 deg
     return NightLights(np.stack([fwd[near], left[near]], axis=1))
-
-
-def glow(kind: int, lit: bool) -> np.ndarray | None:
-    """The colour a lit lamp head or lit windows shine in, None for an object that does not glow."""
-    return GLOW.get(int(kind)) if lit else None

@@ -12,7 +12,7 @@ import numpy as np
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import to_ego, to_world
 from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD, FrontCamera
-from terra.sim.lighting import NightLights, glow, headlight, night_lights
+from terra.sim.lighting import GLOW, NightLights, headlight, night_lights
 from terra.sim.scene import BUILDING, CAR, POLE, ROAD_HALF_WIDTH_M, SHOULDER_M, SIGN, Scene, TREE
 
 FOG_M = 120.0  # haze scale: a colour at depth z keeps about exp(-z / FOG_M) of itself
@@ -197,9 +197,9 @@ def _draw_objects(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, 
     shown = np.flatnonzero(visible)[np.argsort(-depth[visible])]
     light = lights.objects(obj.kind[shown], fwd[shown], left[shown]) if lights is not None else [1.0] * len(shown)
     for i, lit in zip(shown, light):
-        fog = float(_fog(depth[i]))
+        glow = GLOW.get(int(obj.kind[i])) if lights is not None and scene.lit[i] else None  # a lit lamp or windows
         _draw_object(img, obj.kind[i], u[i], v[i], scale[i], obj.size[i], obj.colour[i], obj.colour2[i],
-                     scene.palette.haze, fog, lit, glow(obj.kind[i], scene.lit[i]) if lights is not None else None)
+                     scene.palette.haze, float(_fog(depth[i])), lit, glow)
 
 
 def _draw_object(img, kind, u, v, scale, size, c1, c2, haze, fog, light=1.0, glow_colour=None) -> None:
