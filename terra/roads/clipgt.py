@@ -89,8 +89,7 @@ def _tables(data: bytes | str | Path | IO[bytes], source: str) -> dict[str, tupl
             if _element(path.name) in ELEMENTS and not path.is_file():
                 raise TerraInputError(f"{source}: {path.name} is not a regular file")
             _claim(found, _element(path.name), path.name, source)
-        total = sum(Path(data, name).stat().st_size for name in found.values())
-        _check_size(total, source)
+        _check_size(sum(Path(data, name).stat().st_size for name in found.values()), source)
         return {element: (name, Path(data, name).read_bytes()) for element, name in found.items()}
     if isinstance(data, (bytes, bytearray, memoryview)) and not len(data):
         raise TerraInputError(f"{source}: is empty, no map; give AlpaSim's hdmap_parquets bytes or a zip of a clipgt/ "
