@@ -107,15 +107,7 @@ class Scene:
         """``[..., 3]`` centreline pose (x, y, heading) at arc length ``s`` (clamped to the road's ends)."""
         s = np.clip(np.asarray(s, dtype=np.float64), 0.0, self.length_m)
         i = np.clip(np.searchsorted(self.seg_s0, s, side="right") - 1, 0, len(self.seg_s0) - 1)
-        u = s - self.seg_s0[i]
-        x0, y0, h0 = self.seg_xyh[i, 0], self.seg_xyh[i, 1], self.seg_xyh[i, 2]
-        k = self.seg_curv[i]
-        straight = np.abs(k) < 1e-12
-        k_safe = np.where(straight, 1.0, k)
-        h = h0 + k * u
-        x = np.where(straight, x0 + u * np.cos(h0), x0 + (np.sin(h) - np.sin(h0)) / k_safe)
-        y = np.where(straight, y0 + u * np.sin(h0), y0 - (np.cos(h) - np.cos(h0)) / k_safe)
-        return np.stack([x, y, h], axis=-1)
+        return _arc_pose(self.seg_xyh[i], self.seg_curv[i], s - self.seg_s0[i])
 
     def lane_pose(self, s: np.ndarray | float, d: np.ndarray | float | None = None) -> np.ndarray:
         """``[..., 3]`` pose at arc length ``s`` and lateral offset ``d`` (left positive; None: the ego lane's
@@ -241,14 +233,19 @@ def _road_segments(rng: np.random.Generator, length: float):
     s0 = np.concatenate([[0.0], np.cumsum(lens)[:-1]])
     xyh = np.zeros((len(lens), 3))
     for i in range(1, len(lens)):
-        x0, y0, h0 = xyh[i - 1]
-        k, u = curvs[i - 1], lens[i - 1]
-        if k == 0.0:
-            xyh[i] = x0 + u * np.cos(h0), y0 + u * np.sin(h0), h0
-        else:
-            h = h0 + k * u
-            xyh[i] = x0 + (np.sin(h) - np.sin(h0)) / k, y0 - (np.cos(h) - np.cos(h0)) / k, h
+        xyh[i] = _arc_pose(xyh[i - 1], curvs[i - 1], lens[i - 1])
     return s0, lens, curvs, xyh
+
+
+def _arc_pose(start: np.ndarray, k: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``[..., 3]`` pose ``u`` metres along the arc of curvature ``k`` (0: straight) from pose ``start [..., 3]``."""
+    x0, y0, h0 = np.moveaxis(start, -1, 0)
+    straight = np.abs(k) < 1e-12
+    k_safe = np.where(straight, 1.0, k)
+    h = h0 + k * u
+    x = np.where(straight, x0 + u * np.cos(h0), x0 + (np.sin(h) - np.sin(h0)) / k_safe)
+    y = np.where(straight, y0 + u * np.sin(h0), y0 - (np.cos(h) - np.cos(h0)) / k_safe)
+    return np.stack([x, y, h], axis=-1)
 
 
 def _jitter(rng: np.random.Generator, rgb: tuple[float, float, float], amount: float = 0.04) -> np.ndarray:
