@@ -32,13 +32,12 @@ def read_clipgt(data: bytes | str | Path | IO[bytes], source: str = "clipgt map"
     return Road(lanes, boundaries, source=source)
 
 
-def write_clipgt(road: Road, out: str | Path | IO[bytes], clip_id: str | None = None,
-                 lane_width_m: float = LANE_WIDTH_M) -> None:
+def write_clipgt(road: Road, out: str | Path | IO[bytes], clip_id: str | None = None) -> None:
     """Write ``road`` as AlpaSim's map (a zip of parquet tables) to a path or a binary file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    clip, half = clip_id or "terra", lane_width_m / 2.0
+    clip, half = clip_id or "terra", LANE_WIDTH_M / 2.0
     text = pa.string()
     key = pa.struct([(name, text) for name in ("clip_id", "label_class_id", "map_id", "map_id_version")])
     rails = [[_offset(lane.points, side * half) for lane in road.lanes] for side in (1.0, -1.0)]
