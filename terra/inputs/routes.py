@@ -59,21 +59,20 @@ def road_of_setting(value: Any, setting: str = "road") -> Road:
     """The road a ``road=`` setting gives: a road file, AlpaSim's map (``.zip`` or folder) or inline JSON."""
     if not isinstance(value, str):
         return road_from_json(list(value) if isinstance(value, tuple) else value, setting)
-    text = value
-    if text.lstrip().startswith("["):
+    if value.lstrip().startswith("["):
         try:
-            return road_from_json(orjson.loads(text), setting)
+            return road_from_json(orjson.loads(value), setting)
         except orjson.JSONDecodeError as err:
             raise TerraInputError(f"{setting}: is not valid JSON ({error_reason(err)}); give a road file or "
                                   "[[x, y], ...]") from None
-    path = Path(text)
+    path = Path(value)
     if path.is_dir() or path.suffix.lower() == ".zip":
         if not path.exists():
-            raise TerraInputError(f"{setting}={clipped(text)}: does not exist; give a clipgt map (.zip or folder)")
-        return read_clipgt(path, f"{setting}={clipped(text)}")
+            raise TerraInputError(f"{setting}={clipped(value)}: does not exist; give a clipgt map (.zip or folder)")
+        return read_clipgt(path, f"{setting}={clipped(value)}")
     if path.suffix.lower() in (".json", ".csv"):
         return read_road_file(path)
-    raise TerraInputError(f"{setting}={clipped(text)}: give a road file (.json, .csv), AlpaSim's map (a .zip or a "
+    raise TerraInputError(f"{setting}={clipped(value)}: give a road file (.json, .csv), AlpaSim's map (a .zip or a "
                           "clipgt folder) or [[x, y], ...]")
 
 
