@@ -148,11 +148,8 @@ def write_dataset(out_dir: str | Path, num_clips: int, num_frames: int, height: 
     if (out / META_FILE).exists():
         raise TerraInputError(f"{out} already holds a dataset ({META_FILE}); choose a new out_dir or delete it")
     claim_output_dir(out, "out_dir", files=[META_FILE, SHARD_FILES], app=APP).record()
-    jobs = [
-        (str(out / f"shard-{k:05d}.npz"), start, min(start + clips_per_shard, num_clips), num_frames, height, width,
-         seed, compress, domain, recipe)
-        for k, start in enumerate(range(0, num_clips, clips_per_shard))
-    ]
+    jobs = [(str(out / f"shard-{k:05d}.npz"), start, min(start + clips_per_shard, num_clips), num_frames, height,
+             width, seed, compress, domain, recipe) for k, start in enumerate(range(0, num_clips, clips_per_shard))]
     wanted = {Path(job[0]).name: shard_settings(job) for job in jobs}
     found = [entry.name for entry in os.scandir(out) if fnmatch.fnmatchcase(entry.name, SHARD_FILES)]
     kept = kept_outputs(out, found, wanted, lambda path: (shard_record(path) or {}).get("settings"), "shards",
