@@ -258,6 +258,5 @@ def trajectory_from_csv(path: Path) -> EgoTrajectory:
     if data.ndim != 2 or data.shape[0] < 2 or data.shape[1] != len(header):
         raise TerraInputError(f"trajectory file {path}: needs at least 2 rows of {len(header)} values each")
     col = {name: data[:, i] for i, name in enumerate(header)}
-    return EgoTrajectory.from_arrays(
-        col["x"], col["y"], col.get("yaw"), col.get("t", col.get("timestamp")), source=str(path)
-    )
+    return EgoTrajectory.from_arrays(col["x"], col["y"], col.get("yaw"), col.get("t", col.get("timestamp")),
+                                     source=str(path))
