@@ -114,9 +114,8 @@ class Scene:
         centre), heading along the road."""
         pose = self.road_pose(s)
         d = np.asarray(self.ego_lane_offset_m if d is None else d, dtype=np.float64)
-        return np.stack(
-            [pose[..., 0] - d * np.sin(pose[..., 2]), pose[..., 1] + d * np.cos(pose[..., 2]), pose[..., 2]], axis=-1
-        )
+        return np.stack([pose[..., 0] - d * np.sin(pose[..., 2]), pose[..., 1] + d * np.cos(pose[..., 2]),
+                         pose[..., 2]], axis=-1)
 
     def arc_length(self, pose: np.ndarray) -> float:
         """Arc length (m) of the centreline point nearest a world pose ``(x, y, heading)`` (:meth:`road_coords`)."""
