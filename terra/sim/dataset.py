@@ -138,7 +138,8 @@ def write_dataset(out_dir: str | Path, num_clips: int, num_frames: int, height: 
 
     Args:
         workers: processes rendering shards (0 = one per CPU core).
-        recipe: one of :data:`RECIPES`."""
+        recipe: one of :data:`RECIPES`.
+    """
     num_clips, num_frames, height, width, seed, clips_per_shard, workers = check_sizes(
         num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed,
         clips_per_shard=clips_per_shard, workers=workers)
