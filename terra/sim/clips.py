@@ -106,8 +106,7 @@ def manoeuvre_in_scene(scene: Scene, manoeuvre: str, num_frames: int, speed_kmh:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
     duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S
     if manoeuvre == FOLLOW_LANE:
-        lateral = scene.ego_lane_offset_m if lateral_m is None else lateral_m
-        return _lane_keeping(scene, start_s, lateral, speed_kmh, 0.0, duration)
+        return _lane_keeping(scene, start_s, lateral_m, speed_kmh, 0.0, duration)
     local = manoeuvre_trajectory(manoeuvre, duration, speed_kmh=speed_kmh, rate_hz=SAMPLE_RATE_HZ, **manoeuvre_params)
     return place(local, scene.lane_pose(start_s, lateral_m))
 
@@ -185,10 +184,10 @@ def chain_trajectories(first: EgoTrajectory, second: EgoTrajectory, duration: fl
     )
 
 
-def _lane_keeping(
-    scene: Scene, start_s: float, lateral: float, speed_kmh: float, accel: float, duration: float
-) -> EgoTrajectory:
-    """Drive along the lane at offset ``lateral`` following the road's bends, speed changing by ``accel``."""
+def _lane_keeping(scene: Scene, start_s: float, lateral: float | None, speed_kmh: float, accel: float,
+                  duration: float) -> EgoTrajectory:
+    """Drive along the lane at offset ``lateral`` (None: the ego lane's centre) following the road's bends, speed
+    changing by ``accel``."""
     t = np.arange(int(np.ceil(duration * SAMPLE_RATE_HZ)) + 1) / SAMPLE_RATE_HZ
     speed = np.maximum(speed_kmh / 3.6 + accel * t, 1.0)
     s = start_s + np.concatenate([[0.0], np.cumsum(speed[1:] / SAMPLE_RATE_HZ)])
