@@ -70,10 +70,9 @@ def render(scene: Scene, pose: np.ndarray, height: int, width: int) -> np.ndarra
     if height < 8 or width < 8:
         raise TerraInputError(f"render size must be at least 8x8 pixels (got {height}x{width})")
     cam = camera(int(height), int(width))
-    pal = scene.palette
     lights = night_lights(scene, pose)
     img = np.empty((cam.height, cam.width, 3), dtype=np.float32)
-    _draw_sky(img, cam, pal)
+    _draw_sky(img, cam, scene.palette)
     _draw_hills(img, cam, scene, pose[2])
     _draw_ground(img, cam, scene, pose, lights)
     _draw_objects(img, cam, scene, pose, lights)
