@@ -7,7 +7,6 @@ from terra.core.lazy import lazy_face
 _HOMES = {
     "TRAJECTORY_KEYS": "terra.inputs.actions",
     "UNUSED_ROUTES": "terra.inputs.requests",
-    "actions_needed": "terra.inputs.requests",
     "load_context": "terra.inputs.context",
     "manoeuvre_actions": "terra.inputs.requests",
     "resolve_path": "terra.inputs.context",

@@ -128,15 +128,6 @@ def trajectory_file_errors(source: str) -> Iterator[None]:
                               "check that it is a valid .json, .csv or .npy file") from None
 
 
-def _frames_to_compute(trajectory: EgoTrajectory, num_frames: int | None, source: str) -> int:
-    """The trajectory's own frames, or just the ``num_frames`` a rollout needs when it has more."""
-    own = trajectory.num_frames()
-    if num_frames is None and own > MAX_FRAMES:
-        raise TerraInputError(f"{source}: spans {own} frames at {FRAME_RATE_HZ:g} Hz, more than the {MAX_FRAMES} "
-                              "a rollout may have; trim it or check the timestamps (seconds)")
-    return own if num_frames is None else min(own, num_frames)
-
-
 def load_npy(path: Path) -> np.ndarray:
     """A ``.npy`` array of real numbers whose header matches the file's size (checked before reading it)."""
     with open_input_file(path, "trajectory file", MAX_TRAJECTORY_BYTES) as fh:
@@ -167,8 +158,12 @@ def actions_of(motion: Any, source: str, num_frames: int | None) -> Any:
     """``[T, 6, 3]`` actions of what :func:`motion_of` found, not yet checked as a whole."""
     if isinstance(motion, Manoeuvre):
         return actions_from_trajectory(motion.motion, motion.frames)
-    if isinstance(motion, EgoTrajectory):
-        return actions_from_trajectory(motion, _frames_to_compute(motion, num_frames, source))
+    if isinstance(motion, EgoTrajectory):  # its own frames, or just the num_frames a rollout needs when it has more
+        own = motion.num_frames()
+        if num_frames is None and own > MAX_FRAMES:
+            raise TerraInputError(f"{source}: spans {own} frames at {FRAME_RATE_HZ:g} Hz, more than the {MAX_FRAMES} "
+                                  "a rollout may have; trim it or check the timestamps (seconds)")
+        return actions_from_trajectory(motion, own if num_frames is None else min(own, num_frames))
     return motion
 
 
@@ -215,8 +210,7 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
     if arr.ndim == 3:
         return actions_from_instruction_trajs(arr, source)
     if arr.ndim == 2 and arr.shape[1] in (2, 3):
-        return EgoTrajectory.from_arrays(arr[:, 0], arr[:, 1], arr[:, 2] if arr.shape[1] == 3 else None,
-                                         source=source)
+        return trajectory_from_mapping(arr, source)
     raise TerraInputError(
         f"{source}: array of shape {list(arr.shape)} is not a trajectory; use [T, 6, 3] actions, "
         "[T, 60, 3] instruction trajectories or [N, 2|3] world-frame x, y[, yaw] at 10 Hz"
@@ -264,6 +258,5 @@ def trajectory_from_csv(path: Path) -> EgoTrajectory:
     if data.ndim != 2 or data.shape[0] < 2 or data.shape[1] != len(header):
         raise TerraInputError(f"trajectory file {path}: needs at least 2 rows of {len(header)} values each")
     col = {name: data[:, i] for i, name in enumerate(header)}
-    return EgoTrajectory.from_arrays(
-        col["x"], col["y"], col.get("yaw"), col.get("t", col.get("timestamp")), source=str(path)
-    )
+    return EgoTrajectory.from_arrays(col["x"], col["y"], col.get("yaw"), col.get("t", col.get("timestamp")),
+                                     source=str(path))

@@ -23,12 +23,10 @@ def load_context(
     """The last ``num_context`` frames (None: all), resized: images ``[N, 3, H, W]`` in [-1, 1] and the sources read."""
     from terra.tokenizer.images import load_images
 
+    single = isinstance(sources, (str, os.PathLike))
     if base is not None:
-        items = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-        sources = [resolve_path(s, base) for s in items]
-    elif isinstance(sources, (str, os.PathLike)):
-        sources = str(sources)
+        sources = [resolve_path(s, base) for s in ([sources] if single else sources)]
     else:
-        sources = [str(s) for s in sources]
+        sources = str(sources) if single else [str(s) for s in sources]
     images = load_images(sources, image_size, last_n=num_context, resize=resize)
     return images, [sources] if isinstance(sources, str) else sources

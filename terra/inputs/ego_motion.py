@@ -58,8 +58,7 @@ def action_arc(action: np.ndarray) -> tuple[float, float, float]:
 def ego_motion(action: np.ndarray, dt: float = 1.0 / FRAME_RATE_HZ) -> Pose:
     """How far the car moves in ``dt`` under ``action``: ``(dx, dy, dyaw)`` in the current ego frame."""
     curvature, length, t0 = action_arc(action)
-    x, y, yaw = along_arc(curvature, length / t0 * dt)
-    return float(x), float(y), float(yaw)
+    return tuple(float(v) for v in along_arc(curvature, length / t0 * dt))
 
 
 def speed_of(action: np.ndarray) -> float:
@@ -70,5 +69,4 @@ def speed_of(action: np.ndarray) -> float:
 
 def advance_pose(pose: Pose, action: np.ndarray) -> Pose:
     """The world pose ``(x, y, yaw)`` one frame later under ``action``."""
-    x, y, yaw = compose(pose, ego_motion(action))
-    return float(x), float(y), float(yaw)
+    return tuple(float(v) for v in compose(pose, ego_motion(action)))

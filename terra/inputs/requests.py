@@ -39,19 +39,9 @@ class RolloutInputs:
     route_told: tuple[str, ...] | None = None
 
 
-def actions_needed(num_context: int, num_frames: int) -> int:
-    """Actions a rollout uses: one per frame after the first, up to the last generated one."""
-    return num_context + num_frames - 1
-
-
-def routes_needed(num_context: int, num_frames: int) -> int:
-    """Routes a rollout takes: one per frame, context frames first."""
-    return num_context + num_frames
-
-
 def manoeuvre_actions(name: str, num_context: int, num_frames: int, **params: float) -> np.ndarray:
     """Actions of a named manoeuvre for a rollout (``params`` as :func:`manoeuvre_trajectory`)."""
-    return actions_for_manoeuvre(name, actions_needed(num_context, num_frames) + 1, **params)
+    return actions_for_manoeuvre(name, num_context + num_frames, **params)
 
 
 def trajectory_inputs(
@@ -59,7 +49,7 @@ def trajectory_inputs(
     base: Path | None = None, skip: int = 0, beside: GivenRoutes | None = None,
 ) -> RolloutInputs:
     """Actions and routes from a trajectory file (relative to ``base``), mapping or array, less its first ``skip``."""
-    need = actions_needed(num_context, num_frames)
+    need = num_context + num_frames - 1  # one action per frame after the first
     file = isinstance(trajectory, (str, os.PathLike))
     if file:
         source = resolve_path(trajectory, base) if base is not None else str(trajectory)
@@ -98,7 +88,7 @@ def with_routes(actions: np.ndarray, given: GivenRoutes | None, num_context: int
         return RolloutInputs(actions, no_route=True)
     if not route_tokens:
         return RolloutInputs(actions, unused_routes=True)
-    frames = routes_needed(num_context, num_frames) + skip
+    frames = num_context + num_frames + skip  # one route per frame
     if given.key == ROAD:
         world = motion.motion if isinstance(motion, Manoeuvre) else motion
         if not isinstance(world, EgoTrajectory):

@@ -12,6 +12,7 @@ import orjson
 
 from terra.contract.routes import ROAD_ENDED, TOLD
 from terra.core.errors import TerraInputError, clipped, error_reason
+from terra.inputs.context import resolve_path
 from terra.inputs.trajectory import EgoTrajectory
 from terra.roads import Road, read_clipgt, read_road_file, road_from_json, told_routes_along
 from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M, nearest_lane
@@ -47,10 +48,9 @@ def given_routes(mapping: Mapping, where: str, base: Path | None = None) -> Give
         return GivenRoutes(null[0], None, where) if null else None
     key = present[0]
     value = mapping[key]
-    if key == ROAD and isinstance(value, str) and not value.lstrip().startswith("["):
-        path = Path(value).expanduser()
-        value = road_of_setting(str(path if path.is_absolute() or base is None else base / path), f"{where}: {key}")
-    elif key == ROAD:
+    if key == ROAD:
+        if isinstance(value, str) and not value.lstrip().startswith("["):
+            value = resolve_path(value, base or Path())
         value = road_of_setting(value, f"{where}: {key}")
     return GivenRoutes(key, value, where)
 
@@ -59,21 +59,20 @@ def road_of_setting(value: Any, setting: str = "road") -> Road:
     """The road a ``road=`` setting gives: a road file, AlpaSim's map (``.zip`` or folder) or inline JSON."""
     if not isinstance(value, str):
         return road_from_json(list(value) if isinstance(value, tuple) else value, setting)
-    text = value
-    if text.lstrip().startswith("["):
+    if value.lstrip().startswith("["):
         try:
-            return road_from_json(orjson.loads(text), setting)
+            return road_from_json(orjson.loads(value), setting)
         except orjson.JSONDecodeError as err:
             raise TerraInputError(f"{setting}: is not valid JSON ({error_reason(err)}); give a road file or "
                                   "[[x, y], ...]") from None
-    path = Path(text)
+    path = Path(value)
     if path.is_dir() or path.suffix.lower() == ".zip":
         if not path.exists():
-            raise TerraInputError(f"{setting}={clipped(text)}: does not exist; give a clipgt map (.zip or folder)")
-        return read_clipgt(path, f"{setting}={clipped(text)}")
+            raise TerraInputError(f"{setting}={clipped(value)}: does not exist; give a clipgt map (.zip or folder)")
+        return read_clipgt(path, f"{setting}={clipped(value)}")
     if path.suffix.lower() in (".json", ".csv"):
         return read_road_file(path)
-    raise TerraInputError(f"{setting}={clipped(text)}: give a road file (.json, .csv), AlpaSim's map (a .zip or a "
+    raise TerraInputError(f"{setting}={clipped(value)}: give a road file (.json, .csv), AlpaSim's map (a .zip or a "
                           "clipgt folder) or [[x, y], ...]")
 
 

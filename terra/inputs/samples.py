@@ -62,8 +62,7 @@ def read_samples(files: str | os.PathLike | Sequence[str | os.PathLike]) -> list
                 continue
             sample = Sample(str(file), number, index - 1)
             record, problem = _parse_line(raw, number)
-            if problem is None:
-                problem = _check_record(record)
+            problem = problem or _check_record(record)
             if problem is None:
                 key = str(record["sample_id"])
                 if key in seen:

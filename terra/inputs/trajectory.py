@@ -29,15 +29,8 @@ class EgoTrajectory:
     yaw: np.ndarray  # [N] radians, unwrapped
 
     @classmethod
-    def from_arrays(
-        cls,
-        x: np.ndarray,
-        y: np.ndarray,
-        yaw: np.ndarray | None = None,
-        t: np.ndarray | None = None,
-        rate_hz: float = FRAME_RATE_HZ,
-        source: str = "trajectory",
-    ) -> "EgoTrajectory":
+    def from_arrays(cls, x: np.ndarray, y: np.ndarray, yaw: np.ndarray | None = None, t: np.ndarray | None = None,
+                    rate_hz: float = FRAME_RATE_HZ, source: str = "trajectory") -> "EgoTrajectory":
         """Validate and build; ``yaw`` defaults to the direction of motion, ``t`` to samples at ``rate_hz``."""
         x = np.asarray(x, dtype=np.float64).reshape(-1)
         y = np.asarray(y, dtype=np.float64).reshape(-1)
@@ -45,14 +38,11 @@ class EgoTrajectory:
         if n < 2 or len(y) != n:
             raise TerraInputError(f"{source}: needs at least 2 points with as many x as y values "
                                   f"(got {n} x, {len(y)} y)")
-        if t is None:
-            t = np.arange(n) / RATE_HZ.check(rate_hz, "rate_hz", f"{source}: ")
-        t = np.asarray(t, dtype=np.float64).reshape(-1)
+        t = np.asarray(np.arange(n) / RATE_HZ.check(rate_hz, "rate_hz", f"{source}: ") if t is None else t,
+                       dtype=np.float64).reshape(-1)
         if len(t) != n:
             raise TerraInputError(f"{source}: has {len(t)} timestamps for {n} points; give one timestamp per point")
-        if yaw is None:
-            yaw = _heading_from_motion(x, y)
-        yaw = np.asarray(yaw, dtype=np.float64).reshape(-1)
+        yaw = np.asarray(_heading_from_motion(x, y) if yaw is None else yaw, dtype=np.float64).reshape(-1)
         if len(yaw) != n:
             raise TerraInputError(f"{source}: has {len(yaw)} yaw values for {n} points; give one per point or none")
         for name, arr, limit, unit in (("t", t, MAX_TIME_S, "s"), ("x", x, MAX_COORDINATE_M, "m"),
@@ -86,9 +76,7 @@ class EgoTrajectory:
         """``[..., 3]`` poses (x, y, yaw) at absolute ``times``; extrapolated with the final speed and yaw rate."""
         times = np.asarray(times, dtype=np.float64)
         flat = times.reshape(-1)
-        x = np.interp(flat, self.t, self.x)
-        y = np.interp(flat, self.t, self.y)
-        yaw = np.interp(flat, self.t, self.yaw)
+        x, y, yaw = (np.interp(flat, self.t, values) for values in (self.x, self.y, self.yaw))
         late = flat > self.t[-1]
         if np.any(late):
             dt_last = self.t[-1] - self.t[-2]
@@ -138,16 +126,8 @@ def _integrate_arc(x0: float, y0: float, yaw0: float, speed: float, rate: float,
 
 # ---------------------------------------------------------------------------------------------- manoeuvres
 
-MANOEUVRES = (
-    "straight",
-    "curve_left",
-    "curve_right",
-    "accelerate",
-    "decelerate",
-    "stop",
-    "lane_change_left",
-    "lane_change_right",
-)
+MANOEUVRES = ("straight", "curve_left", "curve_right", "accelerate", "decelerate", "stop", "lane_change_left",
+              "lane_change_right")
 # Keeping the ego lane along a synthetic scene's road: only where that road exists.
 FOLLOW_LANE = "follow_lane"
 
@@ -184,16 +164,9 @@ def check_manoeuvre_params(params, source: str = "manoeuvre_params") -> dict[str
     return checked
 
 
-def manoeuvre_trajectory(
-    name: str,
-    duration_s: float,
-    speed_kmh: float = 30.0,
-    radius_m: float = 30.0,
-    accel_mps2: float = 2.0,
-    lane_width_m: float = 3.5,
-    change_s: float = 3.0,
-    rate_hz: float = 100.0,
-) -> EgoTrajectory:
+def manoeuvre_trajectory(name: str, duration_s: float, speed_kmh: float = 30.0, radius_m: float = 30.0,
+                         accel_mps2: float = 2.0, lane_width_m: float = 3.5, change_s: float = 3.0,
+                         rate_hz: float = 100.0) -> EgoTrajectory:
     """Synthesise a world-frame trajectory for a named manoeuvre starting at the origin, heading +x."""
     if name not in MANOEUVRES:
         raise TerraInputError(f"unknown manoeuvre {shown(name)}; choose one of: {', '.join(MANOEUVRES)}")

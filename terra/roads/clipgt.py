@@ -32,13 +32,12 @@ def read_clipgt(data: bytes | str | Path | IO[bytes], source: str = "clipgt map"
     return Road(lanes, boundaries, source=source)
 
 
-def write_clipgt(road: Road, out: str | Path | IO[bytes], clip_id: str | None = None,
-                 lane_width_m: float = LANE_WIDTH_M) -> None:
+def write_clipgt(road: Road, out: str | Path | IO[bytes], clip_id: str | None = None) -> None:
     """Write ``road`` as AlpaSim's map (a zip of parquet tables) to a path or a binary file."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    clip, half = clip_id or "terra", lane_width_m / 2.0
+    clip, half = clip_id or "terra", LANE_WIDTH_M / 2.0
     text = pa.string()
     key = pa.struct([(name, text) for name in ("clip_id", "label_class_id", "map_id", "map_id_version")])
     rails = [[_offset(lane.points, side * half) for lane in road.lanes] for side in (1.0, -1.0)]
@@ -89,8 +88,7 @@ def _tables(data: bytes | str | Path | IO[bytes], source: str) -> dict[str, tupl
             if _element(path.name) in ELEMENTS and not path.is_file():
                 raise TerraInputError(f"{source}: {path.name} is not a regular file")
             _claim(found, _element(path.name), path.name, source)
-        total = sum(Path(data, name).stat().st_size for name in found.values())
-        _check_size(total, source)
+        _check_size(sum(Path(data, name).stat().st_size for name in found.values()), source)
         return {element: (name, Path(data, name).read_bytes()) for element, name in found.items()}
     if isinstance(data, (bytes, bytearray, memoryview)) and not len(data):
         raise TerraInputError(f"{source}: is empty, no map; give AlpaSim's hdmap_parquets bytes or a zip of a clipgt/ "

@@ -34,11 +34,8 @@ def road_from_json(value: Any, source: str = "road") -> Road:
     if not isinstance(value, list) or not value:
         raise TerraInputError(f"{source}: must be a polyline [[x, y], ...] or a list of lanes, got "
                               f"{_shown(value)}")
-    if _is_point(value[0]):
-        value = [value]
-        where = [source]
-    else:
-        where = [f"{source}[{i}]" for i in range(len(value))]
+    value, where = (([value], [source]) if _is_point(value[0])
+                    else (value, [f"{source}[{i}]" for i in range(len(value))]))
     if len(value) > MAX_LANES:
         raise TerraInputError(f"{source}: holds {len(value)} lanes, more than {MAX_LANES}")
     lanes, count = [], 0
@@ -161,7 +158,7 @@ def _lane_parts(lane: Any, where: str, count: int) -> tuple[list, tuple[str, ...
     if not isinstance(successors, list):
         raise TerraInputError(f"{where}.successors: must be a list of lane indices, got {_shown(successors)}")
     for k, j in enumerate(successors):
-        if not _is_whole(j) or not 0 <= j < count:
+        if not _is_number(j, numbers.Integral) or not 0 <= j < count:
             raise TerraInputError(f"{where}.successors[{k}]: must be the index of a lane (0 to {count - 1}), got "
                                   f"{_shown(j)}")
     return lane["points"], tuple(str(int(j)) for j in successors)
@@ -180,13 +177,9 @@ def _points(points: Any, where: str) -> list[list[float]]:
     return points
 
 
-def _is_number(value: Any) -> bool:
-    """A number (Python's or numpy's), not a boolean nor a string."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
-def _is_whole(value: Any) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+def _is_number(value: Any, kind: type = numbers.Real) -> bool:
+    """A number of ``kind`` (Python's or numpy's), not a boolean nor a string."""
+    return isinstance(value, kind) and not isinstance(value, (bool, np.bool_))
 
 
 def _csv_number(cell: str, source: str, line: int, column: str) -> float:

@@ -1,7 +1,6 @@
 """The synthetic world's front camera: a pinhole at any image size.
 
-Ego frame: x forward, y left, z up; image: u right, v down, pixel centres at +0.5.
-"""
+Ego frame: x forward, y left, z up; image: u right, v down, pixel centres at +0.5."""
 
 from __future__ import annotations
 
@@ -21,7 +20,6 @@ class GroundRays(NamedTuple):
     """The rays of an image's pixel rows ``first_row`` on, and where they meet the ground."""
 
     across: np.ndarray  # [W] a column's ray, rightwards per unit of optical depth
-    down: np.ndarray  # [rows] a row's ray, downwards in the image plane per unit of optical depth
     drop: np.ndarray  # [rows] the ray's downward component in the world (optical axis normalised to 1)
     depth: np.ndarray  # [rows] optical depth of its ground hit; inf where it misses the ground
     fwd: np.ndarray  # [rows, W] the hit point ahead of the camera (m, ego frame); 0 where no hit is near
@@ -73,4 +71,4 @@ class FrontCamera:
         near = depth < far
         fwd = np.where(near, depth * (_C - down * _S), 0.0)[:, None] * np.ones(self.width)
         left = -np.where(near, depth, 0.0)[:, None] * across[None, :]
-        return GroundRays(across, down, drop, depth, fwd, left)
+        return GroundRays(across, drop, depth, fwd, left)

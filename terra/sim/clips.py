@@ -76,11 +76,9 @@ def clip_from_trajectory(
     scene: Scene, trajectory: EgoTrajectory, num_frames: int, height: int, width: int,
     manoeuvre: str, start_s: float, speed_kmh: float, camera_offsets: np.ndarray | None = None,
 ) -> Clip:
-    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes.
-
-    ``camera_offsets`` ``[>= num_frames, 3]`` moves each frame's camera off its pose;
-    poses, actions and routes stay the car's.
-    """
+    """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes;
+    ``camera_offsets`` ``[>= num_frames, 3]`` moves each frame's camera off its pose; poses, actions and routes stay the
+    car's."""
     poses = trajectory.poses_at(trajectory.t[0] + np.arange(num_frames) / FRAME_RATE_HZ)
     trajs = trajectory.instruction_trajs(num_frames)
     offsets = None if camera_offsets is None else np.asarray(camera_offsets)[:num_frames]
@@ -94,17 +92,8 @@ def clip_from_trajectory(
     )
 
 
-def make_clip(
-    scene: Scene,
-    manoeuvre: str,
-    num_frames: int,
-    height: int,
-    width: int,
-    speed_kmh: float = 30.0,
-    start_s: float = 0.0,
-    lateral_m: float | None = None,
-    **manoeuvre_params: float,
-) -> Clip:
+def make_clip(scene: Scene, manoeuvre: str, num_frames: int, height: int, width: int, speed_kmh: float = 30.0,
+              start_s: float = 0.0, lateral_m: float | None = None, **manoeuvre_params: float) -> Clip:
     """A clip of ``manoeuvre`` from arc length ``start_s``, ``lateral_m`` left of the road's centre (None: ego lane)."""
     world = manoeuvre_in_scene(scene, manoeuvre, num_frames, speed_kmh, start_s, lateral_m, **manoeuvre_params)
     return clip_from_trajectory(scene, world, num_frames, height, width, manoeuvre, start_s, speed_kmh)
@@ -117,8 +106,7 @@ def manoeuvre_in_scene(scene: Scene, manoeuvre: str, num_frames: int, speed_kmh:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
     duration = (num_frames - 1) / FRAME_RATE_HZ + FUTURE_S
     if manoeuvre == FOLLOW_LANE:
-        lateral = scene.ego_lane_offset_m if lateral_m is None else lateral_m
-        return _lane_keeping(scene, start_s, lateral, speed_kmh, 0.0, duration)
+        return _lane_keeping(scene, start_s, lateral_m, speed_kmh, 0.0, duration)
     local = manoeuvre_trajectory(manoeuvre, duration, speed_kmh=speed_kmh, rate_hz=SAMPLE_RATE_HZ, **manoeuvre_params)
     return place(local, scene.lane_pose(start_s, lateral_m))
 
@@ -128,10 +116,8 @@ def random_clip(rng: np.random.Generator, num_frames: int, height: int, width: i
 
 
 def random_drive(rng: np.random.Generator, num_frames: int, domain: str = "day") -> Drive:
-    """A drive from the training distribution: random scene, start, speed (15-60 km/h) and manoeuvre.
-
-    The same ``rng`` gives the same drive in every ``domain``.
-    """
+    """A drive from the training distribution: random scene, start, speed (15-60 km/h) and manoeuvre; the same ``rng``
+    gives the same drive in every ``domain``."""
     if num_frames < 1:
         raise TerraInputError(f"a clip needs at least 1 frame (got num_frames={num_frames})")
     scene = Scene.generate(int(rng.integers(2**31)), SCENE_LENGTH_M, domain)
@@ -198,10 +184,10 @@ def chain_trajectories(first: EgoTrajectory, second: EgoTrajectory, duration: fl
     )
 
 
-def _lane_keeping(
-    scene: Scene, start_s: float, lateral: float, speed_kmh: float, accel: float, duration: float
-) -> EgoTrajectory:
-    """Drive along the lane at offset ``lateral`` following the road's bends, speed changing by ``accel``."""
+def _lane_keeping(scene: Scene, start_s: float, lateral: float | None, speed_kmh: float, accel: float,
+                  duration: float) -> EgoTrajectory:
+    """Drive along the lane at offset ``lateral`` (None: the ego lane's centre) following the road's bends, speed
+    changing by ``accel``."""
     t = np.arange(int(np.ceil(duration * SAMPLE_RATE_HZ)) + 1) / SAMPLE_RATE_HZ
     speed = np.maximum(speed_kmh / 3.6 + accel * t, 1.0)
     s = start_s + np.concatenate([[0.0], np.cumsum(speed[1:] / SAMPLE_RATE_HZ)])
@@ -213,18 +199,11 @@ def _lane_keeping(
 def render_frames(num: int, image_size: tuple[int, int], seed: int, workers: int = 1) -> np.ndarray:
     """``uint8 [num, H, W, 3]`` frames of the synthetic world in ``workers`` processes (result independent of them)."""
     chunk = max(1, min(256, math.ceil(num / max(1, 4 * workers))))
-    jobs = [(min(chunk, num - start), image_size, seed * 100_000 + i) for i, start in enumerate(range(0, num, chunk))]
+    jobs = [(min(chunk, num - start), *image_size, seed * 100_000 + i) for i, start in enumerate(range(0, num, chunk))]
     if workers <= 1:
-        parts = [_render_frames_chunk(job) for job in jobs]
-    else:
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            parts = list(pool.map(_render_frames_chunk, jobs))
-    return np.concatenate(parts)
-
-
-def _render_frames_chunk(job: tuple[int, tuple[int, int], int]) -> np.ndarray:
-    count, (height, width), seed = job
-    return np.asarray(sample_frames(count, height, width, seed), dtype=np.uint8)
+        return np.concatenate([sample_frames(*job) for job in jobs])
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return np.concatenate(list(pool.map(sample_frames, *zip(*jobs))))
 
 
 def builtin_context(manoeuvre: str, num_frames: int, image_size: tuple[int, int], seed: int, params: dict):

@@ -1,7 +1,6 @@
 """A folder of synthetic clips on disk: :func:`write_dataset` renders them into ``.npz`` shards, :class:`ClipDataset`
 reads. Clip ``i`` is drawn from ``default_rng([seed, i])``; ``meta.json`` is written last; a rerun keeps only the
-outputs recorded with its settings.
-"""
+outputs recorded with its settings."""
 
 from __future__ import annotations
 
@@ -37,11 +36,9 @@ LEFTOVERS = (".tmp", ".old")  # atomic_dir's ``.<name>.tmp`` and ``.<name>.old``
 
 def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], recorded: Callable[[Path], dict | None],
                  what: str, setting: str, app: str) -> set[str]:
-    """The names among ``found`` whose ``recorded`` settings equal ``wanted[name]``.
-
-    The rest of this program's outputs are removed with one line on stderr; an entry not listed in the folder's marker
-    raises :class:`TerraInputError` before anything is removed.
-    """
+    """The names among ``found`` whose ``recorded`` settings equal ``wanted[name]``; the rest of this program's outputs
+    are removed with one line on stderr; an entry not listed in the folder's marker raises :class:`TerraInputError`
+    before anything is removed."""
     found = sorted(found)
     listed = marked(out)
     foreign = [name for name in found if name not in listed]
@@ -66,9 +63,15 @@ def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], re
             want = wanted[name]
             changed[name] = sorted(k for k in want.keys() | record.keys() if record.get(k) != want.get(k))
     stale = [*changed, *unwanted, *unrecorded]
-    for name in stale:
-        _remove(out / name)
-    _remove_leftovers(out, listed - set(wanted))
+    for path in (out / name for name in stale):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink(missing_ok=True)
+    leftovers = {f".{name}{end}" for name in listed - set(wanted) for end in LEFTOVERS}  # atomic writes cut short
+    for entry in os.scandir(out):
+        if entry.name in leftovers and entry.is_dir():
+            shutil.rmtree(entry.path, ignore_errors=True)
     if stale:
         why = [f"{len(changed)} made with other {', '.join(sorted({k for keys in changed.values() for k in keys}))}"
                if changed else "", f"{len(unwanted)} that this run does not write" if unwanted else "",
@@ -76,21 +79,6 @@ def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], re
         print(f"{app}: removed {len(stale)} {what} that an earlier run left in {one_line(out)} "
               f"({'; '.join(w for w in why if w)})", file=sys.stderr, flush=True)
     return keep
-
-
-def _remove(path: Path) -> None:
-    if path.is_dir() and not path.is_symlink():
-        shutil.rmtree(path)
-    else:
-        path.unlink(missing_ok=True)
-
-
-def _remove_leftovers(out: Path, names: set[str]) -> None:
-    """Delete the temporary folders ``.<name>.tmp`` / ``.<name>.old`` of atomic writes cut short, for ``names``."""
-    for entry in os.scandir(out):
-        name = entry.name
-        if name.startswith(".") and name.endswith(LEFTOVERS) and name[1:-4] in names and entry.is_dir():
-            shutil.rmtree(entry.path, ignore_errors=True)
 
 
 DATASET_VERSION = 3  # 3: routes [x, y, s] (2: [y, x, s]; 1: the road's centre line)
@@ -103,9 +91,6 @@ SHARD_RECORD = "record"  # a shard's array of JSON text: {"settings": ..., "clip
 # what makes a shard (its _write_shard job after the path): a rerun keeps a shard made with the same
 SHARD_SETTINGS = ("start", "end", "num_frames", "height", "width", "seed", "compress", "domain", "recipe")
 # What a dataset's drives are (the ``recipe`` setting): each draws a Drive from (rng, num_frames, domain).
-# manoeuvres: 2 s clips of single manoeuvres and lane keeping; long_drives: 20 s drives with the states
-# closed-loop policies reach; recoveries: long drives' stretches whose context frames are seen from off
-# the car's pose.
 RECIPES: dict[str, Callable[[np.random.Generator, int, str], Drive]] = {
     "manoeuvres": random_drive, "long_drives": random_long_drive, "recoveries": random_recovery}
 SIZES = {  # terra-make-dataset's sizes (and write_dataset's, write_driving_logs')
@@ -146,20 +131,9 @@ class MakeDatasetConfig:
     compress: Any = flag(True, "format=shards only: npz deflate, about 4x smaller, slower to read")
 
 
-def write_dataset(
-    out_dir: str | Path,
-    num_clips: int,
-    num_frames: int,
-    height: int,
-    width: int,
-    seed: int = 0,
-    clips_per_shard: int = 64,
-    workers: int = 1,
-    compress: bool = True,
-    progress: bool = True,
-    domain: str = "day",
-    recipe: str = "manoeuvres",
-) -> Path:
+def write_dataset(out_dir: str | Path, num_clips: int, num_frames: int, height: int, width: int, seed: int = 0,
+                  clips_per_shard: int = 64, workers: int = 1, compress: bool = True, progress: bool = True,
+                  domain: str = "day", recipe: str = "manoeuvres") -> Path:
     """Render ``num_clips`` random clips of ``num_frames`` frames at ``height x width`` into ``out_dir``.
 
     Args:
@@ -170,51 +144,38 @@ def write_dataset(
         num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed,
         clips_per_shard=clips_per_shard, workers=workers)
     check_flag(compress, "compress")
-    check_choice(domain, "domain", DOMAINS)
-    check_recipe(recipe, num_frames)
+    check_recipe(recipe, num_frames, domain)
     out = Path(out_dir)
     if (out / META_FILE).exists():
         raise TerraInputError(f"{out} already holds a dataset ({META_FILE}); choose a new out_dir or delete it")
     claim_output_dir(out, "out_dir", files=[META_FILE, SHARD_FILES], app=APP).record()
-    jobs = [
-        (str(out / f"shard-{k:05d}.npz"), start, min(start + clips_per_shard, num_clips), num_frames, height, width,
-         seed, compress, domain, recipe)
-        for k, start in enumerate(range(0, num_clips, clips_per_shard))
-    ]
+    jobs = [(str(out / f"shard-{k:05d}.npz"), start, min(start + clips_per_shard, num_clips), num_frames, height,
+             width, seed, compress, domain, recipe) for k, start in enumerate(range(0, num_clips, clips_per_shard))]
     wanted = {Path(job[0]).name: shard_settings(job) for job in jobs}
     found = [entry.name for entry in os.scandir(out) if fnmatch.fnmatchcase(entry.name, SHARD_FILES)]
     kept = kept_outputs(out, found, wanted, lambda path: (shard_record(path) or {}).get("settings"), "shards",
                         "out_dir", APP)
     mark(out, wanted)
-    bar = Progress(num_clips, "rendering clips", "clip", enabled=progress)
     done = {name: shard_record(out / name)["clips"] for name in kept}
-    bar.update(sum(len(metas) for metas in done.values()))
     todo = [job for job in jobs if Path(job[0]).name not in kept]
-    for job, metas in zip(todo, map_in_processes(_write_shard, todo, workers)):
-        done[Path(job[0]).name] = metas
-        bar.update(job[2] - job[1])
-    bar.close()
-    clips_meta = [meta for name in wanted for meta in done[name]]
-    meta = {
-        "version": DATASET_VERSION,
-        "num_clips": num_clips,
-        "num_frames": num_frames,
-        "height": height,
-        "width": width,
-        "fps": FRAME_RATE_HZ,
-        "seed": seed,
-        "domain": domain,
-        "recipe": recipe,
-        "route_points": DATASET_ROUTE_POINTS,
-        "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
-        "clips": clips_meta,
-    }
+    with Progress(num_clips, "rendering clips", "clip", enabled=progress) as bar:
+        bar.update(sum(len(metas) for metas in done.values()))
+        for job, metas in zip(todo, map_in_processes(_write_shard, todo, workers)):
+            done[Path(job[0]).name] = metas
+            bar.update(job[2] - job[1])
+    meta = {"version": DATASET_VERSION, "num_clips": num_clips, "num_frames": num_frames, "height": height,
+            "width": width, "fps": FRAME_RATE_HZ, "seed": seed, "domain": domain, "recipe": recipe,
+            "route_points": DATASET_ROUTE_POINTS,
+            "shards": [{"file": Path(job[0]).name, "num_clips": job[2] - job[1]} for job in jobs],
+            "clips": [meta for name in wanted for meta in done[name]]}
     write_text(out / META_FILE, json_text(meta, indent=1))
     return out
 
 
-def check_recipe(recipe: str, num_frames: int) -> None:
-    """``recipe`` one of :data:`RECIPES`, and recovery clips longer than a rollout's context (one line otherwise)."""
+def check_recipe(recipe: str, num_frames: int, domain: str) -> None:
+    """``domain`` one of :data:`DOMAINS`, ``recipe`` one of :data:`RECIPES`, and recovery clips longer than a rollout's
+    context (one line otherwise)."""
+    check_choice(domain, "domain", DOMAINS)
     check_choice(recipe, "recipe", tuple(RECIPES))
     if recipe == "recoveries" and num_frames <= CONTEXT_FRAMES:
         raise TerraInputError(f"a recovery clip needs more than {CONTEXT_FRAMES} frames, a rollout's context and a "
@@ -223,8 +184,7 @@ def check_recipe(recipe: str, num_frames: int) -> None:
 
 def check_sizes(**values: Any) -> tuple[int, ...]:
     """Each size of :data:`SIZES` given, checked, as ints in order; a writer's held frames within
-    :data:`MAX_HELD_BYTES`.
-    """
+    :data:`MAX_HELD_BYTES`."""
     sizes = {name: SIZES[name].check(value, name) for name, value in values.items()}
     clips_held = min(sizes.get("clips_per_shard", 1), sizes["num_clips"])
     held = clips_held * sizes["num_frames"] * sizes["height"] * sizes["width"] * 3
@@ -238,17 +198,14 @@ def check_sizes(**values: Any) -> tuple[int, ...]:
     return tuple(sizes.values())
 
 
-def map_in_processes(function: Callable[..., Any], jobs: list[tuple], workers: int) -> Iterable[Any]:
+def map_in_processes(function: Callable[..., Any], jobs: list[tuple], workers: int) -> Iterator[Any]:
     """``function(*job)`` of each job, in order, in ``workers`` processes (0 = one per core; 1 = here)."""
     workers = min(workers or usable_cores(), len(jobs))
     if workers <= 1:
-        return (function(*job) for job in jobs)
+        yield from (function(*job) for job in jobs)
+        return
     # fork: workers inherit the imported modules instead of re-importing torch/transformers.
     context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else None)
-    return _pool_map(function, jobs, workers, context)
-
-
-def _pool_map(function: Callable[..., Any], jobs: list[tuple], workers: int, context) -> Iterator[Any]:
     with ProcessPoolExecutor(workers, mp_context=context) as pool:
         yield from pool.map(function, *zip(*jobs))
 

@@ -46,10 +46,8 @@ class NightLights:
     def ground(self, weights: np.ndarray, palette: np.ndarray, fwd: np.ndarray, left: np.ndarray,
                head: np.ndarray, retro: tuple[int, ...]) -> np.ndarray:
         """RGB ``[Hg, W, 3]`` of ground pixels from layer ``weights [Hg, W, K]`` and ``palette [K, 3]`` (last row:
-        haze).
-
-        Rows ``retro`` are retroreflective; ``fwd``, ``left``: the pixels' ego-frame ground points; ``head``: headlight.
-        """
+        haze); rows ``retro`` are retroreflective; ``fwd``, ``left``: the pixels' ego-frame ground points; ``head``:
+        headlight."""
         reflect = palette.copy()
         reflect[-1] = 0.0
         boosted = reflect.copy()
@@ -83,8 +81,3 @@ def night_lights(scene: Scene, pose: np.ndarray) -> NightLights | None:
     reach = 3.0 * LAMP_RADIUS_M  # a pool's light ends here
     near = (fwd > -reach) & (fwd < LAMP_RANGE_M) & (np.abs(left) < np.maximum(fwd, 0.0) + reach)  # in view: 45 deg
     return NightLights(np.stack([fwd[near], left[near]], axis=1))
-
-
-def glow(kind: int, lit: bool) -> np.ndarray | None:
-    """The colour a lit lamp head or lit windows shine in, None for an object that does not glow."""
-    return GLOW.get(int(kind)) if lit else None

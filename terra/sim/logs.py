@@ -1,6 +1,5 @@
 """Synthetic clips written as driving logs (the layout ``terra-prepare-logs`` reads): a folder per clip with
-frames, ``timestamps.txt``, ``trajectory.csv``, ``road.json`` and a hidden settings record; ``clips.json`` last.
-"""
+frames, ``timestamps.txt``, ``trajectory.csv``, ``road.json`` and a hidden settings record; ``clips.json`` last."""
 
 from __future__ import annotations
 
@@ -11,7 +10,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from terra.config.checks import check_choice
 from terra.config.output_dir import claim_output_dir
 from terra.contract.actions import FRAME_RATE_HZ
 from terra.core.atomic import atomic_dir, json_text, mark, write_text
@@ -20,7 +18,7 @@ from terra.core.progress import Progress
 from terra.inputs.driving_logs import ROAD_FILES, TIMESTAMPS_FILE, TRAJECTORY_STEM
 from terra.roads import write_road_file
 from terra.sim.dataset import RECIPES, check_recipe, check_sizes, map_in_processes, kept_outputs
-from terra.sim.scene import scene_road, DOMAINS
+from terra.sim.scene import scene_road
 
 LOGS_META_FILE = "clips.json"
 APP = "terra-make-dataset"
@@ -34,23 +32,13 @@ def clip_id(domain: str, seed: int, index: int) -> str:
     return f"{domain}-{seed}-{index:05d}"
 
 
-def write_driving_logs(
-    out_dir: str | Path,
-    num_clips: int,
-    num_frames: int,
-    height: int,
-    width: int,
-    seed: int = 0,
-    domain: str = "day",
-    workers: int = 1,
-    progress: bool = True,
-    recipe: str = "manoeuvres",
-) -> Path:
+def write_driving_logs(out_dir: str | Path, num_clips: int, num_frames: int, height: int, width: int, seed: int = 0,
+                       domain: str = "day", workers: int = 1, progress: bool = True,
+                       recipe: str = "manoeuvres") -> Path:
     """Render ``num_clips`` random clips as driving logs in ``out_dir`` in ``workers`` processes (0 = one per core)."""
     num_clips, num_frames, height, width, seed, workers = check_sizes(
         num_clips=num_clips, num_frames=num_frames, height=height, width=width, seed=seed, workers=workers)
-    check_choice(domain, "domain", DOMAINS)
-    check_recipe(recipe, num_frames)
+    check_recipe(recipe, num_frames, domain)
     out = Path(out_dir)
     if (out / LOGS_META_FILE).exists():
         raise TerraInputError(f"{out} already holds driving logs ({LOGS_META_FILE}); choose a new out_dir or delete it")

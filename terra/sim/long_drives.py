@@ -1,8 +1,7 @@
 """Long drives with the states a driving policy leads a car into, for world-model training.
 
 Lane-relative drives (behaviour segments of lateral offset and speed) and chains of ACT-Bench manoeuvres; scene
-seeds of the closed-loop study's scenarios are never drawn.
-"""
+seeds of the closed-loop study's scenarios are never drawn."""
 
 from __future__ import annotations
 
@@ -105,9 +104,7 @@ def speed_profile(rng: np.random.Generator, t: np.ndarray, speed0: float) -> np.
         a = {"cruise": 0.0, "accelerate": float(rng.uniform(0.5, 2.5)),
              "brake": -float(rng.uniform(1.0, 4.0))}[str(kind)]
         floor = min(speed, float(rng.uniform(5.0, 20.0)) / 3.6)  # braking ends above a stop (stops are their own)
-        for _ in range(n):
-            if i >= len(t):
-                break
+        for _ in range(min(n, len(t) - i)):
             speed = float(np.clip(speed + a * dt, floor, MAX_SPEED_MPS))
             out[i] = speed
             i += 1
@@ -117,8 +114,7 @@ def speed_profile(rng: np.random.Generator, t: np.ndarray, speed0: float) -> np.
 def lateral_profile(rng: np.random.Generator, road_heading: np.ndarray, lane_m: float
                     ) -> tuple[np.ndarray, list[str]]:
     """Lateral offsets (m, left of the road's centre) every :data:`GRID_M` driven, from lane centre ``lane_m``, and the
-    behaviours drawn.
-    """
+    behaviours drawn."""
     n = len(road_heading)
     target = np.empty(n)
     fast = np.zeros(n)  # the wobbles, added after the smoothing
@@ -193,10 +189,8 @@ def _ramp(a: float, b: float, metres: float) -> np.ndarray:
 
 
 def _wobble(rng: np.random.Generator, d: float, lane: float) -> tuple[np.ndarray, np.ndarray]:
-    """A wobble from offset ``d``: back to lane centre ``lane`` over 10 m, then 30-100 m about it.
-
-    Returns the slow target offsets and the swing added after smoothing.
-    """
+    """A wobble from offset ``d``: back to lane centre ``lane`` over 10 m, then 30-100 m about it; returns the slow
+    target offsets and the swing added after smoothing."""
     wavelength = float(rng.uniform(*WOBBLE_WAVELENGTH_M))
     amplitude = float(np.exp(rng.uniform(*np.log(WOBBLE_AMPLITUDE_M))))
     back = _ramp(d, lane, 10.0)
@@ -245,10 +239,9 @@ def lane_relative_trajectory(scene: Scene, t: np.ndarray, s: np.ndarray, start_s
     x, y = poses[:, 0], poses[:, 1]
     step = np.hypot(np.diff(x), np.diff(y))
     heading = np.arctan2(np.diff(y), np.diff(x))
-    yaw = np.empty_like(x)
-    yaw[0] = heading[0] if step[0] > 1e-4 else poses[0, 2]
-    for i in range(1, len(x)):  # a standing car keeps its heading
-        yaw[i] = heading[i - 1] if step[i - 1] > 1e-4 else yaw[i - 1]
+    yaw0 = heading[0] if step[0] > 1e-4 else poses[0, 2]
+    moving = np.r_[True, step > 1e-4]  # a standing car keeps its heading
+    yaw = np.r_[yaw0, heading][np.maximum.accumulate(np.where(moving, np.arange(len(x)), 0))]
     return EgoTrajectory(t=t, x=x, y=y, yaw=np.unwrap(yaw))
 
 

@@ -1,7 +1,6 @@
 """Recovery clips: a long drive whose first frames are seen from a camera off the car's pose, the rest on it.
 
-Poses, actions and routes are the car's throughout, so only the route says where the road truly is.
-"""
+Poses, actions and routes are the car's throughout, so only the route says where the road truly is."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
 """Render a :class:`~terra.sim.scene.Scene` from an ego pose with the front camera, vectorised in numpy.
 
-Pure function of (scene, pose, size): identical pixels every call.
-"""
+Pure function of (scene, pose, size): identical pixels every call."""
 
 from __future__ import annotations
 
@@ -13,7 +12,7 @@ import numpy as np
 from terra.core.errors import TerraInputError
 from terra.inputs.ego_motion import to_ego, to_world
 from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD, FrontCamera
-from terra.sim.lighting import NightLights, glow, headlight, night_lights
+from terra.sim.lighting import GLOW, NightLights, headlight, night_lights
 from terra.sim.scene import BUILDING, CAR, POLE, ROAD_HALF_WIDTH_M, SHOULDER_M, SIGN, Scene, TREE
 
 FOG_M = 120.0  # haze scale: a colour at depth z keeps about exp(-z / FOG_M) of itself
@@ -71,10 +70,9 @@ def render(scene: Scene, pose: np.ndarray, height: int, width: int) -> np.ndarra
     if height < 8 or width < 8:
         raise TerraInputError(f"render size must be at least 8x8 pixels (got {height}x{width})")
     cam = camera(int(height), int(width))
-    pal = scene.palette
     lights = night_lights(scene, pose)
     img = np.empty((cam.height, cam.width, 3), dtype=np.float32)
-    _draw_sky(img, cam, pal)
+    _draw_sky(img, cam, scene.palette)
     _draw_hills(img, cam, scene, pose[2])
     _draw_ground(img, cam, scene, pose, lights)
     _draw_objects(img, cam, scene, pose, lights)
@@ -198,20 +196,17 @@ def _draw_objects(img: np.ndarray, cam: Camera, scene: Scene, pose: np.ndarray, 
     shown = np.flatnonzero(visible)[np.argsort(-depth[visible])]
     light = lights.objects(obj.kind[shown], fwd[shown], left[shown]) if lights is not None else [1.0] * len(shown)
     for i, lit in zip(shown, light):
-        fog = float(_fog(depth[i]))
+        glow = GLOW.get(int(obj.kind[i])) if lights is not None and scene.lit[i] else None  # a lit lamp or windows
         _draw_object(img, obj.kind[i], u[i], v[i], scale[i], obj.size[i], obj.colour[i], obj.colour2[i],
-                     scene.palette.haze, fog, lit, glow(obj.kind[i], scene.lit[i]) if lights is not None else None)
+                     scene.palette.haze, float(_fog(depth[i])), lit, glow)
 
 
 def _draw_object(img, kind, u, v, scale, size, c1, c2, haze, fog, light=1.0, glow_colour=None) -> None:
-    """One billboard from rectangles ``(x offset, width, bottom, top)`` and ellipses, in metres.
-
-    Colours are multiplied by ``light`` before fading into ``haze``; ``glow_colour``: what a lit part shines in.
-    """
+    """One billboard from rectangles ``(x offset, width, bottom, top)`` and ellipses, in metres; colours are multiplied
+    by ``light`` before fading into ``haze``; ``glow_colour``: what a lit part shines in."""
     w, h = size
-    c1, c2, white = c1 * light, c2 * light, np.full(3, 0.95) * light
-    c1 = c1 + fog * (haze - c1)
-    c2 = c2 + fog * (haze - c2)
+    c1, c2 = (c + fog * (haze - c) for c in (c1 * light, c2 * light))
+    white = np.full(3, 0.95) * light
     if glow_colour is not None:
         glow_colour = glow_colour + fog * (haze - glow_colour)
     if kind == TREE:

@@ -1,8 +1,7 @@
 """A procedural driving scene: a curving two-lane road, roadside objects, parked cars and distant hills.
 
 World frame: x forward at yaw 0, y left, yaw counter-clockwise, metres and radians; ``s`` is arc length along the
-centreline, ``d`` the lateral offset (left positive). One seed fully determines the scene.
-"""
+centreline, ``d`` the lateral offset (left positive). One seed fully determines the scene."""
 
 from __future__ import annotations
 
@@ -108,24 +107,15 @@ class Scene:
         """``[..., 3]`` centreline pose (x, y, heading) at arc length ``s`` (clamped to the road's ends)."""
         s = np.clip(np.asarray(s, dtype=np.float64), 0.0, self.length_m)
         i = np.clip(np.searchsorted(self.seg_s0, s, side="right") - 1, 0, len(self.seg_s0) - 1)
-        u = s - self.seg_s0[i]
-        x0, y0, h0 = self.seg_xyh[i, 0], self.seg_xyh[i, 1], self.seg_xyh[i, 2]
-        k = self.seg_curv[i]
-        straight = np.abs(k) < 1e-12
-        k_safe = np.where(straight, 1.0, k)
-        h = h0 + k * u
-        x = np.where(straight, x0 + u * np.cos(h0), x0 + (np.sin(h) - np.sin(h0)) / k_safe)
-        y = np.where(straight, y0 + u * np.sin(h0), y0 - (np.cos(h) - np.cos(h0)) / k_safe)
-        return np.stack([x, y, h], axis=-1)
+        return _arc_pose(self.seg_xyh[i], self.seg_curv[i], s - self.seg_s0[i])
 
     def lane_pose(self, s: np.ndarray | float, d: np.ndarray | float | None = None) -> np.ndarray:
         """``[..., 3]`` pose at arc length ``s`` and lateral offset ``d`` (left positive; None: the ego lane's
         centre), heading along the road."""
         pose = self.road_pose(s)
         d = np.asarray(self.ego_lane_offset_m if d is None else d, dtype=np.float64)
-        return np.stack(
-            [pose[..., 0] - d * np.sin(pose[..., 2]), pose[..., 1] + d * np.cos(pose[..., 2]), pose[..., 2]], axis=-1
-        )
+        return np.stack([pose[..., 0] - d * np.sin(pose[..., 2]), pose[..., 1] + d * np.cos(pose[..., 2]),
+                         pose[..., 2]], axis=-1)
 
     def arc_length(self, pose: np.ndarray) -> float:
         """Arc length (m) of the centreline point nearest a world pose ``(x, y, heading)`` (:meth:`road_coords`)."""
@@ -135,11 +125,9 @@ class Scene:
     def road_coords(
         self, x: np.ndarray, y: np.ndarray, segments: list[tuple[int, slice]] | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Road coordinates ``(s, d)`` of world points: arc length of the nearest centreline point, lateral offset.
-
-        ``segments`` restricts the search to ``(segment index, slice)`` pairs; uncovered points and
-        points past the ends get ``d = inf``.
-        """
+        """Road coordinates ``(s, d)`` of world points: arc length of the nearest centreline point, lateral offset;
+        ``segments`` restricts the search to ``(segment index, slice)`` pairs; uncovered points and points past the ends
+        get ``d = inf``."""
         dtype = np.result_type(x, y)
         best = np.full(x.shape, np.inf, dtype=dtype)
         s_out = np.zeros(x.shape, dtype=dtype)
@@ -169,19 +157,14 @@ class Scene:
             np.copyto(d_out[rows], np.where(np.abs(excess) > 0.5, np.inf, lat), where=take)
         return s_out, d_out
 
-    def _lane_lengths(self, d: float) -> tuple[np.ndarray, np.ndarray]:
-        """``(s, along)``: arc length ``along`` of the line at lateral offset ``d`` at the segments' ends ``s``."""
-        s = np.append(self.seg_s0, self.length_m)
-        return s, s - d * (self.road_pose(s)[:, 2] - self.seg_xyh[0, 2])
-
     def route(self, poses: np.ndarray, points: int) -> np.ndarray:
         """Routes ``[..., K, 3]`` of world ``poses`` ``[..., 3]``: the ego lane's centre ahead, in each pose's ego
-        frame.
-        """
+        frame."""
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
         s0, _ = self.road_coords(flat[:, 0], flat[:, 1])
-        s, along = self._lane_lengths(self.ego_lane_offset_m)
+        s = np.append(self.seg_s0, self.length_m)  # the segments' ends, and the ego lane's arc length there
+        along = s - self.ego_lane_offset_m * (self.road_pose(s)[:, 2] - self.seg_xyh[0, 2])
         reached = np.interp(np.interp(s0, s, along)[:, None] + route_distances(points)[None], along, s)
         forward_left = to_ego(self.lane_pose(reached)[..., :2], flat[:, None])
         return routes_from_xy(forward_left).reshape(poses.shape[:-1] + (points, ROUTE_POINT_VALUES))
@@ -197,13 +180,10 @@ class Scene:
                                      np.concatenate(parts) if parts else np.zeros((0, 2)))
         return self.outlines[margin]
 
-    def segments_in_view(
-        self, pose: np.ndarray, far: float, half_fov: float, margin: float = ROAD_HALF_WIDTH_M + SHOULDER_M + 2.0
-    ) -> list[tuple[int, float, float]]:
-        """Segments that may show road from ``pose`` (x, y, yaw) within ``far`` and ``half_fov``.
-
-        Returns ``(index, nearest, farthest)`` forward distances each covers, widened by ``margin``.
-        """
+    def segments_in_view(self, pose: np.ndarray, far: float, half_fov: float) -> list[tuple[int, float, float]]:
+        """``(index, nearest, farthest)`` of the segments that may show road from ``pose`` (x, y, yaw) within ``far``
+        and ``half_fov``: the forward distances each covers, widened by a margin past the shoulders."""
+        margin = ROAD_HALF_WIDTH_M + SHOULDER_M + 2.0
         starts, points = self.road_outline(margin)
         fwd, left = to_ego(points, pose).T
         in_cone = np.abs(left) < np.abs(fwd) * np.tan(half_fov + 0.1) + margin
@@ -222,10 +202,8 @@ class Scene:
 
 def _mirrored(scene: Scene) -> Scene:
     """``scene`` mirrored across the road's starting axis (y -> -y): curves, positions and headings change side."""
-    xyh = scene.seg_xyh * np.array([1.0, -1.0, -1.0])
-    objects = Objects(scene.objects.kind, scene.objects.xy * np.array([1.0, -1.0]), scene.objects.size,
-                      scene.objects.colour, scene.objects.colour2)
-    return replace(scene, seg_curv=-scene.seg_curv, seg_xyh=xyh, objects=objects)
+    return replace(scene, seg_curv=-scene.seg_curv, seg_xyh=scene.seg_xyh * np.array([1.0, -1.0, -1.0]),
+                   objects=replace(scene.objects, xy=scene.objects.xy * np.array([1.0, -1.0])))
 
 
 def _road_segments(rng: np.random.Generator, length: float):
@@ -254,14 +232,19 @@ def _road_segments(rng: np.random.Generator, length: float):
     s0 = np.concatenate([[0.0], np.cumsum(lens)[:-1]])
     xyh = np.zeros((len(lens), 3))
     for i in range(1, len(lens)):
-        x0, y0, h0 = xyh[i - 1]
-        k, u = curvs[i - 1], lens[i - 1]
-        if k == 0.0:
-            xyh[i] = x0 + u * np.cos(h0), y0 + u * np.sin(h0), h0
-        else:
-            h = h0 + k * u
-            xyh[i] = x0 + (np.sin(h) - np.sin(h0)) / k, y0 - (np.cos(h) - np.cos(h0)) / k, h
+        xyh[i] = _arc_pose(xyh[i - 1], curvs[i - 1], lens[i - 1])
     return s0, lens, curvs, xyh
+
+
+def _arc_pose(start: np.ndarray, k: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """``[..., 3]`` pose ``u`` metres along the arc of curvature ``k`` (0: straight) from pose ``start [..., 3]``."""
+    x0, y0, h0 = np.moveaxis(start, -1, 0)
+    straight = np.abs(k) < 1e-12
+    k_safe = np.where(straight, 1.0, k)
+    h = h0 + k * u
+    x = np.where(straight, x0 + u * np.cos(h0), x0 + (np.sin(h) - np.sin(h0)) / k_safe)
+    y = np.where(straight, y0 + u * np.sin(h0), y0 - (np.cos(h) - np.cos(h0)) / k_safe)
+    return np.stack([x, y, h], axis=-1)
 
 
 def _jitter(rng: np.random.Generator, rgb: tuple[float, float, float], amount: float = 0.04) -> np.ndarray:
@@ -286,13 +269,8 @@ def _palette(rng: np.random.Generator) -> Palette:
 
 def _night_palette(day: Palette) -> Palette:
     """The night's colours of a scene, derived from the day's: deep blue sky, dark hills, ground unchanged."""
-    return Palette(**{
-        **day.__dict__,
-        "sky_top": day.sky_top * np.array([0.04, 0.05, 0.10]),
-        "haze": day.haze * np.array([0.07, 0.08, 0.14]),
-        "hills_far": day.hills_far * 0.06,
-        "hills_near": day.hills_near * 0.04,
-    })
+    return replace(day, sky_top=day.sky_top * np.array([0.04, 0.05, 0.10]), hills_far=day.hills_far * 0.06,
+                   haze=day.haze * np.array([0.07, 0.08, 0.14]), hills_near=day.hills_near * 0.04)
 
 
 def _objects(rng: np.random.Generator, scene: Scene) -> Objects:

@@ -1,6 +1,5 @@
 """Tokenized clips in one safetensors file: ``codes`` ``[N, T, h, w]``, ``actions`` ``[N, T, 6, 3]``, ``poses``
-``[N, T, 3]``, optional ``routes`` ``[N, T, M, 3]`` and ``off_pose_frames`` ``[N]``, and metadata.
-"""
+``[N, T, 3]``, optional ``routes`` ``[N, T, M, 3]`` and ``off_pose_frames`` ``[N]``, and metadata."""
 
 from __future__ import annotations
 
@@ -41,15 +40,10 @@ def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
     """Write ``clips`` to ``path`` atomically (temporary file in the same folder, then rename)."""
     path = Path(path)
     dtype = np.int16 if clips.codebook_size <= np.iinfo(np.int16).max + 1 else np.int32
-    tensors = {
-        "codes": np.ascontiguousarray(clips.codes, dtype=dtype),
-        "actions": np.ascontiguousarray(clips.actions, dtype=np.float32),
-        "poses": np.ascontiguousarray(clips.poses, dtype=np.float64),
-    }
-    if clips.routes is not None:
-        tensors["routes"] = np.ascontiguousarray(clips.routes, dtype=np.float32)
-    if clips.off_pose_frames is not None:
-        tensors["off_pose_frames"] = np.ascontiguousarray(clips.off_pose_frames, dtype=np.int32)
+    arrays = {"codes": (clips.codes, dtype), "actions": (clips.actions, np.float32), "poses": (clips.poses, np.float64),
+              "routes": (clips.routes, np.float32), "off_pose_frames": (clips.off_pose_frames, np.int32)}
+    tensors = {name: np.ascontiguousarray(array, dtype=kind) for name, (array, kind) in arrays.items()
+               if array is not None}
     metadata = {
         "version": TOKENS_VERSION, "codebook_size": str(clips.codebook_size),
         "image_height": str(clips.image_size[0]), "image_width": str(clips.image_size[1]),
@@ -105,11 +99,8 @@ def load_tokens(path: str | Path) -> TokenizedClips:
 
 
 def checked_routes(routes: np.ndarray, frames: tuple[int, ...], where: str, fix: str) -> np.ndarray:
-    """Routes ``[*frames, M, 3]`` (``M >= 2``) from a training file, checked and returned float32.
-
-    Each frame's route is all NaN ("no route") or finite and in reach; ``where`` names the tensor,
-    ``fix`` ends the line.
-    """
+    """Routes ``[*frames, M, 3]`` (``M >= 2``) from a training file, checked and returned float32; each frame's route is
+    all NaN ("no route") or finite and in reach; ``where`` names the tensor, ``fix`` ends the line."""
     shape = tuple(routes.shape)
     if shape[:-2] != tuple(frames) or len(shape) != len(frames) + 2 or shape[-2] < 2 or shape[-1] != ROUTE_POINT_VALUES:
         wanted = ", ".join(str(n) for n in frames)
