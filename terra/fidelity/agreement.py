@@ -111,12 +111,8 @@ def horizon_summary(drives: Sequence[dict[int, dict[str, float]]], clusters: Seq
     """Per horizon, mean PSNR and SSIM over the drives reaching it, with intervals over ``clusters``."""
     if len(drives) != len(clusters):
         raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
-    horizons = sorted({h for drive in drives for h in drive})
-    summary = {}
-    for h in horizons:
-        summary[h] = {key: mean(clusters, np.array([drive[h][key] if h in drive else np.nan for drive in drives]),
-                                bootstrap) for key in ("psnr_db", "ssim")}
-    return summary
+    return {h: {key: mean(clusters, np.array([drive[h][key] if h in drive else np.nan for drive in drives]), bootstrap)
+                for key in ("psnr_db", "ssim")} for h in sorted({h for drive in drives for h in drive})}
 
 
 @dataclass(frozen=True)
