@@ -204,10 +204,9 @@ class BatchConfig:
     terra_root: str | None = None  # a downloaded Terra snapshot the checkpoints come from, named in error lines
 
     def __post_init__(self) -> None:
-        if not self.world_model:
-            object.__setattr__(self, "world_model", str(demo_checkpoints()[0]))
-        if not self.tokenizer:
-            object.__setattr__(self, "tokenizer", str(demo_checkpoints()[1]))
+        for name, demo in zip(("world_model", "tokenizer"), demo_checkpoints()):
+            if not getattr(self, name):
+                object.__setattr__(self, name, str(demo))
 
     def run_config(self) -> dict:
         """The model and engine settings in the rollout config's shape."""
