@@ -53,8 +53,7 @@ def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray, device: st
         from terra.fidelity.batched import lane_readings
 
         return LaneAgreement(*(lane_readings(frames, LOOKAHEAD_M, device) for frames in (world_frames, true_frames)))
-    return LaneAgreement(np.array([lane_reading(f) for f in world_frames]),
-                         np.array([lane_reading(f) for f in true_frames]))
+    return LaneAgreement(*(np.array([lane_reading(f) for f in frames]) for frames in (world_frames, true_frames)))
 
 
 @dataclass(frozen=True)
