@@ -14,7 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from terra.config.actbench import MAX_SAMPLES_BYTES, VIDEO_STEM
 from terra.config.assets import demo_checkpoints
 from terra.config.backend import DEFAULT_THREADS
-from terra.config.checks import Range, plain, shown
+from terra.config.checks import Range, plain, select, shown
 from terra.config.files import open_input_file
 from terra.config.manifest import manifest_name, summary_name
 from terra.config.output_dir import OutputDir, claim_output_dir
@@ -101,9 +101,8 @@ class RolloutConfig(RunConfig):
 
 
 # BatchConfig's own settings whose key in RolloutConfig differs
-KEYS = {"output_dir": "output.dir", **{name: f"output.{name}" for name in (
-    "naming", "video_pattern", "sidecar_pattern", "formats", "fps", "writer_threads", "mark_context",
-    "overlay_trajectory", "save_codes", "manifest")}}
+KEYS = {"output_dir": "output.dir",
+        **{f.name: f"output.{f.name}" for f in dataclasses.fields(OutputBlock) if f.name != "dir"}}
 # BatchConfig's settings that are the batch's own (the rest are the model's and engine's: BatchConfig.run_config)
 BATCH_SETTINGS = ("samples", "output_dir", "num_frames", "seed", "image_root", "allow_paths_outside_image_root",
                   "default_manoeuvre", "max_concurrent", "resume", "shard_index", "num_shards", "executor", "ray",
@@ -150,10 +149,6 @@ class BatchSpec:
     def summary_path(self) -> Path:
         """``manifest.jsonl`` → ``manifest.summary.json`` (per shard like the manifest)."""
         return self.manifest_path.with_name(summary_name(self.manifest_path.name))
-
-    def replace(self, **changes: Any) -> "BatchSpec":
-        """A copy with ``changes`` (already checked values)."""
-        return dataclasses.replace(self, **changes)
 
     def generation_settings(self) -> dict:
         """The settings that shape a sample's outputs (part of its fingerprint)."""
@@ -209,10 +204,9 @@ class BatchConfig:
     terra_root: str | None = None  # a downloaded Terra snapshot the checkpoints come from, named in error lines
 
     def __post_init__(self) -> None:
-        if not self.world_model:
-            object.__setattr__(self, "world_model", str(demo_checkpoints()[0]))
-        if not self.tokenizer:
-            object.__setattr__(self, "tokenizer", str(demo_checkpoints()[1]))
+        for name, demo in zip(("world_model", "tokenizer"), demo_checkpoints()):
+            if not getattr(self, name):
+                object.__setattr__(self, name, str(demo))
 
     def run_config(self) -> dict:
         """The model and engine settings in the rollout config's shape."""
@@ -233,23 +227,15 @@ class BatchConfig:
 
 def batch_spec(cfg: DictConfig, progress: bool = True) -> BatchSpec:
     """A Hydra rollout config -> :class:`BatchSpec`, every setting checked once."""
-    out = cfg.output
     samples = plain(cfg.samples)
     if samples is None or samples == "":
         raise TerraInputError("no samples file given; pass samples=path/to/samples.jsonl")
     first = samples if isinstance(samples, str) else samples[0]
-    own = dict(
-        samples=samples, output_dir=str(out.dir or Path("outputs") / "rollouts" / Path(first).stem),
-        num_frames=cfg.num_frames, seed=cfg.seed, image_root=None if cfg.image_root is None else str(cfg.image_root),
-        allow_paths_outside_image_root=cfg.allow_paths_outside_image_root, default_manoeuvre=cfg.default_manoeuvre,
-        max_concurrent=cfg.max_concurrent, resume=cfg.resume, shard_index=cfg.shard_index,
-        num_shards=cfg.num_shards, executor=cfg.executor, ray=plain(cfg.ray) or {}, naming=out.naming,
-        video_pattern=out.video_pattern, sidecar_pattern=out.sidecar_pattern, formats=plain(out.formats),
-        fps=out.fps, writer_threads=out.writer_threads, mark_context=out.mark_context,
-        overlay_trajectory=out.overlay_trajectory, save_codes=out.save_codes, manifest=out.manifest,
-        progress=cfg.progress)
+    own = {name: select(cfg, KEYS.get(name, name)) for name in BATCH_SETTINGS}
+    own.update(samples=samples, output_dir=str(cfg.output.dir or Path("outputs") / "rollouts" / Path(first).stem),
+               image_root=None if cfg.image_root is None else str(cfg.image_root), ray=own["ray"] or {})
     spec = _batch_spec(run_spec(cfg), own, plain(cfg))
-    return spec if progress else spec.replace(progress=False)
+    return spec if progress else dataclasses.replace(spec, progress=False)
 
 
 def _escaped(value: Any) -> Any:

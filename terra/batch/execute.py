@@ -48,7 +48,9 @@ class Execution:
             if config.executor == "ray":
                 set_threads(config.run.num_threads)  # the tokenizer's load here
                 check_compatible(model_config, load_tokenizer(config.run.tokenizer))  # the actors load their own
-                executor = _ray_executor(config)
+                from terra.batch.ray_executor import RayExecutor
+
+                executor = RayExecutor(config)
             elif pipeline is None:  # the pair is checked before any output is written
                 pipeline, own = WorldModelPipeline.from_run(run), True
         return cls(config, pipeline, executor, refiner, model_config, own)
@@ -66,11 +68,3 @@ class Execution:
             self.executor.close()
         if self.own:
             self.pipeline.close()
-
-
-def _ray_executor(config: BatchSpec):
-    from terra.batch.ray_executor import RayExecutor
-
-    executor = RayExecutor(config)
-    executor.connect()
-    return executor

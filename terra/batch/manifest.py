@@ -13,17 +13,14 @@ def sample_record(sample: Sample, status: str, *, error: str | None = None, stag
                   seconds: float | None = None, seed: int | None = None, files: Sequence[str] = (),
                   **extra: Any) -> dict:
     """The manifest record of ``sample`` with ``status``; ``extra`` adds fields."""
-    record = {
+    label = None if sample.record is None else sample.record.get("label")
+    return {
         "sample_id": sample.sample_id, "line": sample.line, "file": sample.file, "index": sample.index,
         "status": status, "stage": stage, "error": error,
         "seconds": None if seconds is None else round(seconds, 3), "seed": seed, "files": list(files),
         "finished_at": round(time.time(), 3),  # Unix time; with seconds, when the sample's work ran
+        **({} if label is None else {"label": label}), **extra,
     }
-    label = None if sample.record is None else sample.record.get("label")
-    if label is not None:
-        record["label"] = label
-    record.update(extra)
-    return record
 
 
 # What frees memory in a batch run: the tokenizer and the writers share the GPU with the engine's KV cache.

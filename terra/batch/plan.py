@@ -108,19 +108,13 @@ def made_from(config: BatchSpec, sample: Sample, seed: int, num_frames: int, inp
                                           **config.generation_settings()})}
 
 
-def _read_sidecar(path: Path) -> dict | None:
-    """A sidecar's content, or None for one that is not a regular JSON file of sane size (it is rewritten)."""
-    try:
-        sidecar = load_json(path, "sidecar", MAX_TRAJECTORY_BYTES)
-    except TerraInputError:
-        return None
-    return sidecar if isinstance(sidecar, dict) else None
-
-
 def is_complete(item: Item, out: Path) -> tuple[bool, dict | None, str | None]:
     """``(complete, sidecar, why)``: complete when the fingerprint matches and every file is intact."""
-    sidecar = _read_sidecar(item.sidecar) if item.sidecar.is_file() else None
-    if sidecar is None:
+    try:  # a sidecar that is not a regular JSON file of sane size is rewritten
+        sidecar = load_json(item.sidecar, "sidecar", MAX_TRAJECTORY_BYTES) if item.sidecar.is_file() else None
+    except TerraInputError:
+        sidecar = None
+    if not isinstance(sidecar, dict):
         return False, None, None
     batch = sidecar.get("batch") or {}
     if not batch.get("complete"):

@@ -26,17 +26,13 @@ WAIT_NOTICE_S = 300.0  # say so once when no actor has started after this long
 
 
 class RayExecutor:
-    """Runs planned samples on Ray actors; :meth:`connect` before any output is written, then :meth:`run`."""
+    """Runs planned samples on Ray actors; made (it joins the cluster) before any output is written."""
 
     def __init__(self, config: BatchSpec) -> None:
         self.config = config
         tp = int(dict(config.run.backend_options).get("tensor_parallel_size", 1) or 1)
         self.cluster = RayCluster(config.ray, str(config.run.device), tp)
-        self.settings = self.cluster.settings
-
-    def connect(self) -> None:
-        """Join the cluster and size the actors; a user error is one line."""
-        self.cluster.connect()
+        self.cluster.connect()  # sizes the actors; a user error is one line
 
     def close(self) -> None:
         """Leave the cluster if this run joined it (a local cluster it started stops)."""
@@ -54,7 +50,7 @@ class RayExecutor:
                                                                          longest_rollout(items))
                   for a in range(self.cluster.count)]
         try:
-            _Dispatcher(ray, actors, self.settings, emit, on_frames).run(items)
+            _Dispatcher(ray, actors, self.cluster.settings, emit, on_frames).run(items)
         finally:
             for actor in actors:
                 ray.kill(actor, no_restart=True)

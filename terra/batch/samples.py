@@ -79,12 +79,6 @@ def _image_files(sources: Sequence[str]) -> tuple[list[Path], list[Path]]:
     return files, videos
 
 
-def _check_image(path: Path) -> None:
-    """A regular, readable image file whose header gives a sane size (nothing is decoded)."""
-    with open_input_file(path, "context image", MAX_IMAGE_BYTES) as fh:
-        image_file_size(fh, str(path))
-
-
 def sample_inputs(sample: Sample, config: BatchSpec, loaded: int, num_frames: int,
                   route_tokens: int = 0) -> RolloutInputs:
     """The actions and routes of ``sample`` for ``loaded`` context frames and ``num_frames`` generated ones.
@@ -132,8 +126,9 @@ def input_digests(files: SampleFiles) -> list[str]:
 def check_inputs(sample: Sample, config: BatchSpec, files: SampleFiles, num_frames: int,
                  route_tokens: int = 0) -> tuple[RolloutInputs, bool]:
     """Check ``sample`` without a model; return its inputs and whether they are final (not for a video context)."""
-    for file in files.images:
-        _check_image(file)
+    for file in files.images:  # regular, readable, and a sane size in its header (nothing is decoded)
+        with open_input_file(file, "context image", MAX_IMAGE_BYTES) as fh:
+            image_file_size(fh, str(file))
     video = bool(files.videos)
     return sample_inputs(sample, config, 1 if video else len(files.images), num_frames, route_tokens), not video
 

@@ -98,9 +98,8 @@ class StreamingEngine:
                         entry = self._ready.get(block=not active, timeout=0.2)
                     except queue.Empty:
                         break
-                    if entry is _END:
-                        ended = True
-                    else:
+                    ended = entry is _END
+                    if not ended:
                         self._admit(entry, active)
                 if not active:
                     continue

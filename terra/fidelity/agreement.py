@@ -53,8 +53,7 @@ def lane_agreement(world_frames: np.ndarray, true_frames: np.ndarray, device: st
         from terra.fidelity.batched import lane_readings
 
         return LaneAgreement(*(lane_readings(frames, LOOKAHEAD_M, device) for frames in (world_frames, true_frames)))
-    return LaneAgreement(np.array([lane_reading(f) for f in world_frames]),
-                         np.array([lane_reading(f) for f in true_frames]))
+    return LaneAgreement(*(np.array([lane_reading(f) for f in frames]) for frames in (world_frames, true_frames)))
 
 
 @dataclass(frozen=True)
@@ -111,12 +110,8 @@ def horizon_summary(drives: Sequence[dict[int, dict[str, float]]], clusters: Seq
     """Per horizon, mean PSNR and SSIM over the drives reaching it, with intervals over ``clusters``."""
     if len(drives) != len(clusters):
         raise ValueError(f"one cluster label per drive ({len(drives)} drives, {len(clusters)} labels)")
-    horizons = sorted({h for drive in drives for h in drive})
-    summary = {}
-    for h in horizons:
-        summary[h] = {key: mean(clusters, np.array([drive[h][key] if h in drive else np.nan for drive in drives]),
-                                bootstrap) for key in ("psnr_db", "ssim")}
-    return summary
+    return {h: {key: mean(clusters, np.array([drive[h][key] if h in drive else np.nan for drive in drives]), bootstrap)
+                for key in ("psnr_db", "ssim")} for h in sorted({h for drive in drives for h in drive})}
 
 
 @dataclass(frozen=True)

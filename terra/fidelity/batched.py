@@ -10,7 +10,9 @@ import numpy as np
 import torch
 
 from terra.fidelity.bilinear import Taps
-from terra.fidelity.lanes import CENTRE_LINE_LEFT_M, EDGE_LINE_RIGHT_M, MIN_SPAN_M, ground_points, ground_rows
+from terra.fidelity.lanes import (
+    CENTRE_LINE_LEFT_M, EDGE_LINE_RIGHT_M, MIN_SPAN_M, ground_points, ground_rows, yellow_marking,
+)
 from terra.fidelity.odometry import (
     HUBER, LUMA, MIN_OVERLAP, MIN_SKY_LUMINANCE, MIN_TEXTURE, PHOTOMETRIC_PRIOR, BirdsEye, Motion, ladder,
     optical_depth, search_taps,
@@ -79,17 +81,15 @@ def _make_taps(shape: tuple[int, int], rows: torch.Tensor, cols: torch.Tensor) -
 
 def _interpolate(flat: torch.Tensor, where: tuple, cval: float, shared: bool = True) -> torch.Tensor:
     """``flat [N, cells]`` read bilinearly at ``where`` (shared points, or ``[N, P]`` per row), in float64."""
-    (c00, c01, c10, c11), (row_w0, row_w1, col_w0, col_w1), inside = where
+    corners, (row_w0, row_w1, col_w0, col_w1), inside = where
 
     def read(index: torch.Tensor) -> torch.Tensor:
         if shared:
             return flat.index_select(1, index.flatten()).view(len(flat), *index.shape).double()
         return torch.gather(flat, 1, index).double()
 
-    total = read(c00) * row_w0 * col_w0
-    total = total + read(c01) * row_w0 * col_w1
-    total = total + read(c10) * row_w1 * col_w0
-    total = total + read(c11) * row_w1 * col_w1
+    total = sum(read(corner) * row_w * col_w for corner, row_w, col_w in zip(
+        corners, (row_w0, row_w0, row_w1, row_w1), (col_w0, col_w1, col_w0, col_w1)))
     return torch.where(inside, total, cval)
 
 
@@ -296,9 +296,8 @@ def lane_readings(frames: np.ndarray, ahead: float, device: str, min_points: int
     with torch.inference_mode():
         fwd, left, valid = (_tensor(a[band], where).flatten() for a in ground_points(height, width))
         rgb = _tensor(frames[:, band], where).float().flatten(1, 2)
-        r, g, b = rgb.unbind(-1)
         brightest, darkest = rgb.max(-1).values, rgb.min(-1).values
-        yellow = valid & (r > 140) & (g > 110) & (r - b > 100) & (g - b > 80)
+        yellow = valid & yellow_marking(rgb)
         white = valid & (brightest > 175) & (brightest - darkest < 45) & (left < -0.3)
         marked = yellow | white
         centre = torch.where(yellow, left - CENTRE_LINE_LEFT_M, left + EDGE_LINE_RIGHT_M)

@@ -7,7 +7,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from terra.fidelity.odometry import MIN_MATCH, estimate_series
+from terra.fidelity.odometry import MIN_MATCH, Motion, estimate_series
 from terra.stats import Bootstrap, Clusters, Interval, cluster_interval, mean, regression_slope
 
 BLOCK_STEPS = 10  # a second at 10 Hz: the steps of a drive resampled together for one drive's intervals
@@ -52,19 +52,14 @@ def recover(frames: np.ndarray, commanded: np.ndarray, min_match: float = MIN_MA
     if frames.ndim != 4 or commanded.shape != (len(frames) - 1, 3):
         raise ValueError(f"action following needs frames [T + 1, H, W, 3] and commanded motions [T, 3] "
                          f"(got {frames.shape} and {commanded.shape})")
-    recovered = np.full(commanded.shape, np.nan)
-    match = np.full(len(commanded), np.nan)
     series = estimate_series([frames] if reference is None else [frames, np.asarray(reference)], min_match, device)
-    for t, motion in enumerate(series[0]):
-        if motion is not None:
-            recovered[t], match[t] = motion.as_array(), motion.match
-    truth = None
-    if reference is not None:
-        truth = np.full(commanded.shape, np.nan)
-        for t, motion in enumerate(series[1]):
-            if motion is not None:
-                truth[t] = motion.as_array()
-    return Following(commanded, recovered, match, truth)
+    match = np.array([np.nan if motion is None else motion.match for motion in series[0]])
+    return Following(commanded, _motions(series[0]), match, None if reference is None else _motions(series[1]))
+
+
+def _motions(found: Sequence[Motion | None]) -> np.ndarray:
+    """``[T, 3]`` motions (dx, dy, dyaw), NaN where none was found."""
+    return np.array([np.full(3, np.nan) if motion is None else motion.as_array() for motion in found]).reshape(-1, 3)
 
 
 def following_slopes(drives: Sequence[Following], clusters: Sequence[Hashable],

@@ -21,10 +21,9 @@ QUANTILES = {"median": 0.5, "p10": 0.1}  # share of drives departed
 
 def departed_frames(lanes: LaneAgreement, following: Following) -> np.ndarray:
     """``[T]`` bool: frames departed (lane off by :data:`DEPARTURE_LANE_M`, or motion by :data:`DEPARTURE_MOTION`)."""
-    error = lanes.world - lanes.truth
     seen = np.isfinite(lanes.truth)
     with np.errstate(invalid="ignore"):
-        lateral = seen & (~np.isfinite(lanes.world) | (np.abs(error) > DEPARTURE_LANE_M))
+        lateral = seen & (~np.isfinite(lanes.world) | (np.abs(lanes.error) > DEPARTURE_LANE_M))
     reference = following.commanded if following.reference is None else following.reference
     known = np.isfinite(following.recovered[:, 0]) & np.isfinite(reference[:, 0])
     moved, expected, recovered, counted = (_trailing(np.where(known, values, 0.0)) for values in (

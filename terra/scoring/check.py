@@ -85,9 +85,8 @@ def _estimator(folder: Path | None, report: DryRun) -> EstimatorConfig:
         report.problems.append(f"no estimator ({where}): {DOWNLOAD}")
         report.lines.append("estimator: none; the published ACT-Estimator's 44 frames are checked")
         return EstimatorConfig()
-    config = EstimatorConfig()
-    if (folder / "config.json").is_file():
-        config = EstimatorConfig.from_json(folder / "config.json")
+    config_file = folder / "config.json"
+    config = EstimatorConfig.from_json(config_file) if config_file.is_file() else EstimatorConfig()
     try:
         weights = weights_file(folder)
     except TerraInputError as err:

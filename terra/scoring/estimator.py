@@ -107,10 +107,8 @@ class EstimatorConfig:
         data = load_json(path, "estimator config", 1 << 20)
         if not isinstance(data, dict):
             raise TerraInputError(f"estimator config {path} must be a JSON object of VideoActionEstimator's arguments")
-        values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
-        for key, limits in CONFIG_RANGES.items():
-            if key in values:
-                values[key] = limits.check(values[key], key, f"{path}: ")
+        values = {f.name: CONFIG_RANGES[f.name].check(data[f.name], f.name, f"{path}: ") if f.name in CONFIG_RANGES
+                  else data[f.name] for f in fields(cls) if f.name in data}
         if "input_shape" in values:
             shape = values["input_shape"]
             if not (isinstance(shape, list) and len(shape) == 4):

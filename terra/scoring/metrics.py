@@ -49,13 +49,11 @@ def compute_metrics(commanded: Sequence[str], estimated: Sequence[str], ade: np.
     """:class:`Metrics` of samples given their commanded and estimated labels and their ADE and FDE."""
     commanded, estimated = np.asarray(commanded), np.asarray(estimated)
     correct = commanded == estimated
-    counts, recall, ade_per, fde_per = {}, {}, {}, {}
-    for label in SUMMARY_ORDER:
-        members = commanded == label
-        counts[label] = int(members.sum())
-        empty = counts[label] == 0
-        recall[label] = None if empty else float(correct[members].mean())
-        ade_per[label] = None if empty else float(ade[members].mean())
-        fde_per[label] = None if empty else float(fde[members].mean())
-    return Metrics(len(commanded), counts, float(correct.mean()), recall, float(ade.mean()), float(fde.mean()),
-                   ade_per, fde_per, confusion_counts(list(commanded), list(estimated)))
+    members = {label: commanded == label for label in SUMMARY_ORDER}
+
+    def per_class(values: np.ndarray) -> dict[str, float | None]:
+        return {label: float(values[rows].mean()) if rows.any() else None for label, rows in members.items()}
+
+    return Metrics(len(commanded), {label: int(rows.sum()) for label, rows in members.items()}, float(correct.mean()),
+                   per_class(correct), float(ade.mean()), float(fde.mean()), per_class(ade), per_class(fde),
+                   confusion_counts(list(commanded), list(estimated)))

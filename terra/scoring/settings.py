@@ -96,9 +96,6 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
             "output_dir", files=FILES, inputs=[("videos folder", videos), ("samples", select(cfg, "samples")),
                                                ("samples file", files), ("estimator folder", estimator)],
             app=APP).path
-    return ScoringSettings(
-        videos=videos, samples=files, estimator=estimator, output_dir=output_dir, dry_run=dry_run,
-        batch_size=values["batch_size"], num_workers=values["num_workers"],
-        device=values["device"], dtype=values["dtype"], progress=values["progress"],
-        num_threads=values["num_threads"],
-    )
+    own = ("batch_size", "num_workers", "device", "dtype", "progress", "num_threads")
+    return ScoringSettings(videos=videos, samples=files, estimator=estimator, output_dir=output_dir, dry_run=dry_run,
+                           **{name: values[name] for name in own})
