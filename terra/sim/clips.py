@@ -197,8 +197,8 @@ def _lane_keeping(scene: Scene, start_s: float, lateral: float | None, speed_kmh
 
 
 def render_frames(num: int, image_size: tuple[int, int], seed: int, workers: int = 1) -> np.ndarray:
-    """``uint8 [num, H, W, 3]`` frames of the synthetic world in ``workers`` processes (result independent of them)."""
-    chunk = max(1, min(256, math.ceil(num / max(1, 4 * workers))))
+    """``uint8 [num, H, W, 3]`` frames of the synthetic world in ``workers`` processes (the same frames for any)."""
+    chunk = max(1, min(256, math.ceil(num / 32)))  # chunks seed their frames: their size must not follow ``workers``
     jobs = [(min(chunk, num - start), *image_size, seed * 100_000 + i) for i, start in enumerate(range(0, num, chunk))]
     if workers <= 1:
         return np.concatenate([sample_frames(*job) for job in jobs])

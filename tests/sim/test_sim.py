@@ -12,7 +12,7 @@ import pytest
 from terra.core.errors import TerraInputError
 from terra.inputs.actions import actions_for_manoeuvre
 from terra.inputs.trajectory import MANOEUVRES
-from terra.sim import Clip, Scene, make_clip, random_clip, render, sample_frames
+from terra.sim import Clip, Scene, make_clip, random_clip, render, render_frames, sample_frames
 from terra.sim.dataset import ClipDataset, write_dataset
 from terra.sim.renderer import camera
 from terra.sim.scene import EGO_LANE_OFFSET_M
@@ -189,3 +189,9 @@ def test_make_dataset_script(tmp_path):
     data = ClipDataset(tmp_path / "ds")
     np.testing.assert_array_equal(data[2].frames, random_clip(np.random.default_rng([0, 2]), 2, 16, 32).frames)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ds"]  # no Hydra outputs or logs left behind
+
+
+def test_rendered_frames_do_not_depend_on_the_number_of_workers():
+    one = render_frames(40, (16, 16), seed=3, workers=1)
+    assert one.shape == (40, 16, 16, 3)
+    np.testing.assert_array_equal(one, render_frames(40, (16, 16), seed=3, workers=3))
