@@ -45,8 +45,7 @@ def _more_passes(passes_per_step: int) -> float:
 
 
 def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | None:
-    """``max_concurrent=auto``: 1 where the Transformers backend decodes speculatively; None: as many as the engine
-    holds."""
+    """``max_concurrent=auto``: 1 where hf decodes speculatively; None: as many as the engine holds."""
     speculative = decoding == "speculative" or (decoding == "auto" and _speculative_limit(backend, device) is None)
     return 1 if backend == "hf" and speculative else None
 
@@ -121,8 +120,7 @@ NEAR = 0.02  # a block predicted within this share of the fastest counts as fast
 
 @dataclass(frozen=True)
 class PassCost:
-    """Seconds of a verifying pass: host part (``overlapped``: beside the GPU's work), per layer, weights read,
-    arithmetic."""
+    """Seconds of a verifying pass: host (``overlapped``: beside the GPU), per layer, weights read, arithmetic."""
 
     host_s: float
     layer_s: float

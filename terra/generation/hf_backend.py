@@ -81,8 +81,7 @@ class HFBackend(WorldModelBackend):
         return "transformers"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
-        """``sampling`` with ``decoding``, ``draft_tokens`` and ``guesses`` left ``auto`` replaced by the run's
-        choices."""
+        """``sampling`` with ``auto`` ``decoding``, ``draft_tokens`` and ``guesses`` made the run's choices."""
         sampling = super().as_run(sampling)
         if sampling.draft_tokens == "auto" or sampling.guesses == "auto":
             block = self.draft_tokens if sampling.draft_tokens == "auto" else sampling.draft_tokens

@@ -35,8 +35,7 @@ def crop(cache: DynamicCache, length: int) -> None:
 
 
 class BufferLayer(DynamicLayer):
-    """A cache layer in buffers of ``capacity`` positions, written in place, so a speculative pass copies only its
-    tokens."""
+    """A cache layer in buffers of ``capacity`` positions, written in place (a speculative pass copies its tokens)."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()

@@ -48,8 +48,7 @@ def _hash32(words: torch.Tensor) -> torch.Tensor:
 
 
 def noise_keys(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The keys ``[2, n]`` int32 of the Gumbel noise of image ``positions [n]`` of ``frame`` of the rollout seeded
-    ``seed``."""
+    """The int32 keys ``[2, n]`` of the Gumbel noise of image ``positions [n]`` of ``frame`` of rollout ``seed``."""
     device = positions.device
     seed, frame = (torch.as_tensor(v, dtype=torch.int64, device=device) for v in (seed, frame))
     keys = torch.tensor(_STREAMS, dtype=torch.int32, device=device)[:, None]  # both chains at once
@@ -66,8 +65,7 @@ def _column_words(size: int, device: torch.device) -> torch.Tensor:
 
 def gumbel_noise(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: Sequence[int] | torch.Tensor,
                  size: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Standard Gumbel noise ``[len(positions), size]`` float32 for image ``positions`` of ``frame`` of the rollout
-    ``seed``."""
+    """Gumbel noise ``[len(positions), size]`` float32 of image ``positions`` of ``frame`` of rollout ``seed``."""
     device = torch.device(device)
     positions = torch.as_tensor(positions, dtype=torch.int64, device=device).reshape(-1)
     keys = noise_keys(seed, frame, positions)

@@ -22,8 +22,7 @@ from terra.generation.sampling import gumbel_noise, sample_image_tokens
 
 
 def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: torch.Tensor) -> torch.Tensor:
-    """Per request, int32: how many leading ``guesses [R, K]`` equal the draws ``samples [R, K+1]``, at most
-    ``num_guesses``."""
+    """Per request: how many leading ``guesses [R, K]`` equal ``samples [R, K+1]``, at most ``num_guesses`` (int32)."""
     match = guesses == samples[:, : guesses.shape[1]]
     leading = match.cumprod(dim=1, dtype=torch.int32).sum(dim=1, dtype=torch.int32)
     return torch.minimum(leading, num_guesses)  # the slots past a request's guesses never count
@@ -31,8 +30,7 @@ def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: 
 
 def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: torch.Tensor,
                  later: torch.Tensor) -> torch.Tensor:
-    """The ``[R, K]`` guesses for the positions after each request's last committed token: the pass's draw, else
-    ``later``."""
+    """The ``[R, K]`` guesses after each request's last committed token: the pass's draw, else ``later``."""
     row = accepted[:, None] + _steps(later.shape[1], samples.device)  # int64
     from_pass = samples.gather(1, row.clamp(max=samples.shape[1] - 1))
     return torch.where(row <= num_guesses[:, None], from_pass, later)
@@ -154,8 +152,7 @@ class SpeculativeFrame:
 
 def advance_frames(frames: Sequence[SpeculativeFrame], logits: Sequence[torch.Tensor],
                    ahead_logits: Sequence[torch.Tensor | None]) -> list[int]:
-    """One pass of each of ``frames`` at once: each frame's rows drawn with its own noise, acceptance and refill in one
-    call."""
+    """One pass of each of ``frames``: rows drawn with each frame's own noise, then acceptance and refill at once."""
     _draw_ahead([(frame, rows) for frame, rows in zip(frames, ahead_logits) if rows is not None])
     widths = [min(frame.draft_tokens, frame.size - frame.count) for frame in frames]
     rows = [min(width + 1, frame.size - frame.count) for frame, width in zip(frames, widths)]  # none past the end
@@ -285,8 +282,7 @@ class SpeculativeRows:
         return done
 
     def _pass(self, entry: _FrameInFlight) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The logits of the frame's rows and, where the pass ran past the frame's end, of the next frame's first
-        positions."""
+        """The logits of the frame's rows and, where the pass ran past its end, of the next frame's first positions."""
         frame = entry.frame
         drafts, ahead = frame.drafts(), frame.ahead_drafts()
         width, reach = drafts.shape[0], ahead.shape[0]  # (tensor.shape, not len(): a pass's host work is small)

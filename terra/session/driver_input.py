@@ -33,8 +33,7 @@ def max_curvature(speed_mps: float) -> float:
 
 
 def drive_action(steer: float, speed_kmh: float, accel_mps2: float = 0.0) -> np.ndarray:
-    """``[6, 3]`` action of an arc: ``steer`` in [-1, 1] (positive = left) at ``speed_kmh``, changing at ``accel_mps2``.
-    """
+    """``[6, 3]`` action of an arc: ``steer`` in [-1, 1] (left > 0) at ``speed_kmh``, changing at ``accel_mps2``."""
     steer = check_number(steer, "steer", -1.0, 1.0)
     v0 = check_number(speed_kmh, "speed_kmh", 0.0, MAX_SPEED_KMH) / 3.6
     accel = check_number(accel_mps2, "accel_mps2", *ACCEL_RANGE)
