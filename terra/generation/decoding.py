@@ -53,23 +53,6 @@ def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | Non
 def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int = 1,
                      requests: str = "per_frame", config: Any = None) -> SamplingConfig:
     """``sampling`` with ``decoding``, ``guesses`` and (given ``config``) ``draft_tokens`` made concrete for the run."""
-    decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
-    return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block)
-
-
-def resolve_engine_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
-                            config: Any, room: int, passes_per_step: int | None) -> tuple[SamplingConfig, int | None]:
-    """:func:`resolve_decoding` and the engine's ``passes_per_step`` (None for an engine other than speculative
-    vLLM)."""
-    decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
-    passes = None
-    if backend == "vllm" and decoding == "speculative":
-        passes = auto_passes_per_step(room, block, config) if passes_per_step is None else passes_per_step
-    return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block), passes
-
-
-def _decoding_choices(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
-                      config: Any) -> tuple[str, str, int | str]:
     decoding, block = sampling.decoding, sampling.draft_tokens
     if decoding == "speculative" and backend == "vllm":
         why = vllm_speculative_unavailable(device, requests)
@@ -78,10 +61,10 @@ def _decoding_choices(sampling: SamplingConfig, backend: str, device: str, strea
                                   "or backend=hf")
     if decoding == "auto":
         decoding = auto_decoding(backend, device, streams, requests)
-    guesses = backend_guesses(backend, decoding, sampling.guesses)
     if block == "auto" and config is not None:
         block = auto_draft_tokens(backend, device, streams, config)
-    return decoding, guesses, block
+    return sampling.replace(decoding=decoding, guesses=backend_guesses(backend, decoding, sampling.guesses),
+                            draft_tokens=block)
 
 
 def backend_guesses(backend: str, decoding: str, guesses: str) -> str:
