@@ -16,7 +16,7 @@ from transformers import DynamicCache
 
 from terra.config.sampling import SamplingConfig
 from terra.generation.guesses import Transitions
-from terra.generation.kv import crop, kv_tensors, window_cache
+from terra.generation.kv import crop, kv_cache, kv_tensors
 from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.sampling import gumbel_noise, sample_image_tokens
 
@@ -97,10 +97,6 @@ class SpeculativeFrame:
         room = min(self.draft_tokens - (self.size - self.count), self.size - 1) if self.lookahead else 0
         return self._next_frame_guesses(room) if room > 0 else self._nothing
 
-    def next_frame_guesses(self) -> torch.Tensor:
-        """``[P]``: the next frame's first guesses."""
-        return self._next_frame_guesses(self.size)
-
     def _next_frame_guesses(self, count: int) -> torch.Tensor:
         reached = self.ahead.shape[0]
         if reached >= count:
@@ -110,15 +106,11 @@ class SpeculativeFrame:
 
     def handover(self) -> tuple[int, torch.Tensor, torch.Tensor]:
         """Once :attr:`done`: the next frame's index, first guesses and noise drawn so far (None if greedy)."""
-        return self.frame + 1, self.next_frame_guesses(), self._ahead_noise
+        return self.frame + 1, self._next_frame_guesses(self.size), self._ahead_noise
 
     def advance(self, logits: torch.Tensor, ahead_logits: torch.Tensor | None = None) -> int:
         """Take one pass's logits ``[len(drafts) + 1, vocab]``; return the number of tokens committed."""
         return advance_frames([self], [logits], [ahead_logits])[0]
-
-    def codes(self) -> torch.Tensor:
-        """The frame's ``P`` committed codes (once :attr:`done`; before, those committed so far)."""
-        return self.committed
 
     def _positions(self, start: int, count: int) -> torch.Tensor:
         return torch.arange(start, start + count, device=self.later.device).clamp(max=self.size - 1)
@@ -243,7 +235,7 @@ class SpeculativeRows:
                            if lookahead else None)
         if state.window_starts:
             ids, conditions, _ = state.prompt()
-            cache, prompt = window_cache(None, layout.window_positions), len(ids)
+            cache, prompt = kv_cache(None, layout.window_positions), len(ids)
             prefix_conditions = torch.from_numpy(conditions).reshape(-1, layout.action_dim)
         else:
             kept = state.cache.window  # the window's cache this rollout wrote last, unless it has moved on since
@@ -251,7 +243,7 @@ class SpeculativeRows:
                 cache = kept[0]
                 crop(cache, state.cache.kv[0][0].shape[2])  # what a cancelled frame wrote past it goes
             else:
-                cache = window_cache(state.cache.kv, layout.window_positions)
+                cache = kv_cache(state.cache.kv, layout.window_positions)
             ids = [int(state.frames[-1][-1])] + [layout.slot_token_id] * layout.slot_tokens
             prefix_conditions = torch.from_numpy(state.conditions[state.next_frame - 1])
             prompt = (state.next_frame - state.window.start) * layout.frame_span
@@ -310,7 +302,7 @@ class SpeculativeRows:
 
     def _finish(self, entry: _FrameInFlight) -> FrameDone:
         state, frame = entry.state, entry.frame
-        codes = frame.codes().cpu().numpy().astype(np.int64)
+        codes = frame.committed.cpu().numpy().astype(np.int64)
         state.add_frame(codes, passes=frame.passes)
         state.cache.ahead = frame.handover() if frame.lookahead else None
         kv = None if state.window_starts else kv_tensors(entry.cache)  # a new window starts from a fresh prompt
