@@ -12,9 +12,7 @@ from terra.config.sampling import SamplingConfig
 
 def image_token_scores(logits: torch.Tensor, codebook_size: int, config: SamplingConfig) -> torch.Tensor:
     """The warped scores ``[B, codebook_size]`` float32 of ``logits [B, vocab]``: temperature, top-k (0: off), top-p."""
-    scores = logits[:, :codebook_size]
-    if scores.dtype != torch.float32:
-        scores = scores.float()
+    scores = logits[:, :codebook_size].float()
     if config.temperature != 1.0:
         scores = scores / config.temperature
     if 0 < config.top_k < codebook_size:
