@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -74,17 +75,9 @@ def named_roads(folder: str | Path | None) -> dict[str, Road]:
     return roads
 
 
-def with_road(context: SessionContext, road: Road | None) -> SessionContext:
-    """``context`` told ``road`` (None: no route, not even its scene's)."""
-    return replace(context, scene=None, poses=None, road=road)
-
-
 def session_poses(actions: np.ndarray) -> np.ndarray:
     """The session-frame poses ``[n, 3]`` of the context frames that ``actions`` ``[n - 1, 6, 3]`` lead through."""
-    poses = [(0.0, 0.0, 0.0)]
-    for action in actions:
-        poses.append(advance_pose(poses[-1], action))
-    world = np.asarray(poses)
+    world = np.asarray(list(accumulate(actions, advance_pose, initial=(0.0, 0.0, 0.0))))
     return np.column_stack([to_ego(world[:, :2], world[-1]), world[:, 2] - world[-1, 2]])
 
 
