@@ -96,8 +96,7 @@ def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
 # A pass of K guesses commits about a * K ** ACCEPTANCE tokens (a: the model's), so a frame takes
 # P / (a * K ** ACCEPTANCE) passes; the block is the one of BLOCKS (or the whole frame) with the least passes x cost.
 ACCEPTANCE = 0.6
-BLOCKS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # candidate draft_tokens below a frame's image tokens; and
-# the whole frame
+BLOCKS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # candidate draft_tokens (those below a frame's size)
 NEAR = 0.02  # a block predicted within this share of the fastest counts as fast: the smallest such is taken
 
 
