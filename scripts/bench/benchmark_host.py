@@ -65,7 +65,7 @@ PARTS: dict[str, list[tuple[Any, str]]] = {
     "sampling": [(speculative, "sample_image_tokens")],
     "rule": [(speculative, "accepted_guesses"), (speculative, "next_guesses")],
     "transitions": [(guesses.Transitions, "record"), (guesses.Transitions, "recall")],
-    "cache": [(speculative, "crop"), (speculative, "window_cache"), (speculative, "kv_tensors")],
+    "cache": [(speculative, "crop"), (speculative, "kv_cache"), (speculative, "kv_tensors")],
 }
 
 

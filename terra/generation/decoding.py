@@ -45,8 +45,7 @@ def _more_passes(passes_per_step: int) -> float:
 
 
 def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | None:
-    """``max_concurrent=auto``: 1 where the Transformers backend decodes speculatively; None: as many as the engine
-    holds."""
+    """``max_concurrent=auto``: 1 where hf decodes speculatively; None: as many as the engine holds."""
     speculative = decoding == "speculative" or (decoding == "auto" and _speculative_limit(backend, device) is None)
     return 1 if backend == "hf" and speculative else None
 
@@ -54,23 +53,6 @@ def auto_streams(backend: str, device: str, decoding: str = "auto") -> int | Non
 def resolve_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int = 1,
                      requests: str = "per_frame", config: Any = None) -> SamplingConfig:
     """``sampling`` with ``decoding``, ``guesses`` and (given ``config``) ``draft_tokens`` made concrete for the run."""
-    decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
-    return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block)
-
-
-def resolve_engine_decoding(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
-                            config: Any, room: int, passes_per_step: int | None) -> tuple[SamplingConfig, int | None]:
-    """:func:`resolve_decoding` and the engine's ``passes_per_step`` (None for an engine other than speculative
-    vLLM)."""
-    decoding, guesses, block = _decoding_choices(sampling, backend, device, streams, requests, config)
-    passes = None
-    if backend == "vllm" and decoding == "speculative":
-        passes = auto_passes_per_step(room, block, config) if passes_per_step is None else passes_per_step
-    return sampling.replace(decoding=decoding, guesses=guesses, draft_tokens=block), passes
-
-
-def _decoding_choices(sampling: SamplingConfig, backend: str, device: str, streams: int, requests: str,
-                      config: Any) -> tuple[str, str, int | str]:
     decoding, block = sampling.decoding, sampling.draft_tokens
     if decoding == "speculative" and backend == "vllm":
         why = vllm_speculative_unavailable(device, requests)
@@ -79,10 +61,10 @@ def _decoding_choices(sampling: SamplingConfig, backend: str, device: str, strea
                                   "or backend=hf")
     if decoding == "auto":
         decoding = auto_decoding(backend, device, streams, requests)
-    guesses = backend_guesses(backend, decoding, sampling.guesses)
     if block == "auto" and config is not None:
         block = auto_draft_tokens(backend, device, streams, config)
-    return decoding, guesses, block
+    return sampling.replace(decoding=decoding, guesses=backend_guesses(backend, decoding, sampling.guesses),
+                            draft_tokens=block)
 
 
 def backend_guesses(backend: str, decoding: str, guesses: str) -> str:
@@ -114,15 +96,13 @@ def vllm_speculative_unavailable(device: str, requests: str) -> str | None:
 # A pass of K guesses commits about a * K ** ACCEPTANCE tokens (a: the model's), so a frame takes
 # P / (a * K ** ACCEPTANCE) passes; the block is the one of BLOCKS (or the whole frame) with the least passes x cost.
 ACCEPTANCE = 0.6
-BLOCKS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # candidate draft_tokens below a frame's image tokens; and
-# the whole frame
+BLOCKS = (8, 16, 32, 48, 64, 96, 128, 192, 256, 384, 512)  # candidate draft_tokens (those below a frame's size)
 NEAR = 0.02  # a block predicted within this share of the fastest counts as fast: the smallest such is taken
 
 
 @dataclass(frozen=True)
 class PassCost:
-    """Seconds of a verifying pass: host part (``overlapped``: beside the GPU's work), per layer, weights read,
-    arithmetic."""
+    """Seconds of a verifying pass: host (``overlapped``: beside the GPU), per layer, weights read, arithmetic."""
 
     host_s: float
     layer_s: float

@@ -28,8 +28,7 @@ class Transitions:
                                                 (self.next_slot[positions] + 1) % MEMORY_SLOTS)
 
     def recall(self, positions: torch.Tensor, before: torch.Tensor, guesses: torch.Tensor) -> torch.Tensor:
-        """``guesses [n]`` for ``positions [n]``, each replaced by the draw made there after ``before [n]`` where one
-        was."""
+        """``guesses [n]`` at ``positions [n]``, each replaced by the draw made there after ``before [n]``, if any."""
         same = self.before[positions] == before[:, None]
         drawn = self.drawn[positions].gather(1, same.to(torch.int8).argmax(dim=1, keepdim=True))[:, 0]
         return torch.where(same.any(dim=1), drawn, guesses)

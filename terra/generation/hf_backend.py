@@ -81,8 +81,7 @@ class HFBackend(WorldModelBackend):
         return "transformers"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
-        """``sampling`` with ``decoding``, ``draft_tokens`` and ``guesses`` left ``auto`` replaced by the run's
-        choices."""
+        """``sampling`` with ``auto`` ``decoding``, ``draft_tokens`` and ``guesses`` made the run's choices."""
         sampling = super().as_run(sampling)
         if sampling.draft_tokens == "auto" or sampling.guesses == "auto":
             block = self.draft_tokens if sampling.draft_tokens == "auto" else sampling.draft_tokens
@@ -138,9 +137,8 @@ class HFBackend(WorldModelBackend):
             tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, noise)
         for row, token in zip(self._rows, tokens):
             row.tokens.append(token)
-        finished = [i for i, row in enumerate(self._rows) if len(row.tokens) == layout.image_tokens]
-        done = [self._finish(i) for i in finished]
-        going = [i for i in range(len(self._rows)) if len(self._rows[i].tokens) < layout.image_tokens]
+        done = [self._finish(i) for i, row in enumerate(self._rows) if len(row.tokens) == layout.image_tokens]
+        going = [i for i, row in enumerate(self._rows) if len(row.tokens) < layout.image_tokens]
         self._keep(going)
         if self._rows:  # feed the sampled token; a finished frame's last token waits for its action slots
             self._logits = self._decode_step(tokens[going][:, None])

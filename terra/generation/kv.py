@@ -17,10 +17,12 @@ def kv_tensors(cache: DynamicCache) -> KV:
     return [layer.held() if isinstance(layer, BufferLayer) else (layer.keys, layer.values) for layer in cache.layers]
 
 
-def kv_cache(kv: KV) -> DynamicCache:
-    """A :class:`DynamicCache` holding ``kv`` (which stays unchanged: the cache grows by concatenation)."""
+def kv_cache(kv: KV | None, capacity: int | None = None) -> DynamicCache:
+    """A cache holding ``kv``: grown by concatenation (``kv`` unchanged), or a copy in ``capacity`` BufferLayers."""
     cache = DynamicCache()
-    for layer, (keys, values) in enumerate(kv):
+    if capacity is not None:
+        cache.layer_class_to_replicate = partial(BufferLayer, capacity)
+    for layer, (keys, values) in enumerate(kv or []):
         cache.update(keys, values, layer)
     return cache
 
@@ -35,8 +37,7 @@ def crop(cache: DynamicCache, length: int) -> None:
 
 
 class BufferLayer(DynamicLayer):
-    """A cache layer in buffers of ``capacity`` positions, written in place, so a speculative pass copies only its
-    tokens."""
+    """A cache layer in buffers of ``capacity`` positions, written in place (a speculative pass copies its tokens)."""
 
     def __init__(self, capacity: int) -> None:
         super().__init__()
@@ -64,7 +65,8 @@ class BufferLayer(DynamicLayer):
                 for kept in (self._keys, self._values))
         self._keys[:, :, self.length : end] = key_states
         self._values[:, :, self.length : end] = value_states
-        self._end(end)
+        self.length = end
+        self.keys, self.values = self.held()
         return self.keys, self.values
 
     def get_seq_length(self) -> int:
@@ -77,16 +79,3 @@ class BufferLayer(DynamicLayer):
     def held(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self._keys[:, :, : self.length], self._values[:, :, : self.length]
 
-    def _end(self, length: int) -> None:
-        self.length = length
-        self.keys, self.values = self.held()
-
-
-def window_cache(kv: KV | None, capacity: int) -> DynamicCache:
-    """A :class:`DynamicCache` of :class:`BufferLayer` s with room for ``capacity`` positions, holding a copy of
-    ``kv``."""
-    cache = DynamicCache()
-    cache.layer_class_to_replicate = partial(BufferLayer, capacity)
-    for layer, (keys, values) in enumerate(kv or []):
-        cache.update(keys, values, layer)
-    return cache

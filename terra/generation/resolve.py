@@ -12,7 +12,8 @@ from terra.config.memory import ModelShape, plan_memory, tokenizer_pixels
 from terra.config.spec import RunSpec
 from terra.contract.layout import TokenLayout, check_window
 from terra.core.device import auto_dtype, check_device, resolve_device, set_threads
-from terra.generation.decoding import auto_streams, resolve_engine_decoding
+from terra.generation import decoding
+from terra.generation.decoding import auto_streams
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 
@@ -68,19 +69,20 @@ def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfi
         free, total = torch.cuda.mem_get_info(torch.device(device))
         plan = plan_memory(spec.memory, total, ModelShape.of(model, layout), refiner, streams, options, free)
         options = {**options, **plan.engine_options()}
-    pixels = tokenizer_pixels(spec.memory)
-    # what the backend is built with and the run records
-    # the options above and a vLLM engine's room for the rollouts the run keeps in flight, when it says how many
+    # what the backend is built with and the run records: the options above and a vLLM engine's room for the
+    # rollouts the run keeps in flight, when it says how many
     engine = dict(options)
     if kind == "vllm" and max_rollouts is not None:
         engine["max_num_seqs"] = max_rollouts
-    sampling, passes = resolve_engine_decoding(spec.sampling, kind, device, streams, asked, model,
-                                               engine.get("max_num_seqs", DEFAULT_ROLLOUTS),
-                                               options.get("passes_per_step"))
-    if passes is not None:  # a speculative vLLM engine: its graphs and passes a step are for this room
-        engine.setdefault("max_num_seqs", DEFAULT_ROLLOUTS)
+    sampling = decoding.resolve_decoding(spec.sampling, kind, device, streams, asked, model)
+    passes = None
+    if kind == "vllm" and sampling.decoding == "speculative":  # its graphs and passes a step are for this room
+        room = engine.setdefault("max_num_seqs", DEFAULT_ROLLOUTS)
+        passes = options.get("passes_per_step")
+        passes = decoding.auto_passes_per_step(room, sampling.draft_tokens, model) if passes is None else passes
     spec = spec.replace(device=device, backend=kind, sampling=sampling, backend_options=options)
-    return BackendRun(spec, model, dtype, requests, layout, pixels, refiner_device, engine, passes)
+    return BackendRun(spec, model, dtype, requests, layout, tokenizer_pixels(spec.memory), refiner_device, engine,
+                      passes)
 
 
 def check_model(spec: RunSpec) -> LlamaActionConfig:

@@ -53,8 +53,7 @@ def _sized_actions(actions: np.ndarray, needed: int) -> np.ndarray:
 
 
 def _slot_routes(routes: np.ndarray | None, rows: int, needed: int, route_tokens: int) -> np.ndarray:
-    """The route slots' values ``[rows, K, 3]`` float32 of ``routes`` (``[>= needed, K, 3]`` ``[x, y, s]``; None:
-    no route)."""
+    """The route slots' values ``[rows, K, 3]`` of ``routes`` ``[>= needed, K, 3]`` ``[x, y, s]`` (None: no route)."""
     if routes is None:
         return no_route(rows, route_tokens)
     arr = np.asarray(routes, dtype=np.float32)

@@ -12,9 +12,7 @@ from terra.config.sampling import SamplingConfig
 
 def image_token_scores(logits: torch.Tensor, codebook_size: int, config: SamplingConfig) -> torch.Tensor:
     """The warped scores ``[B, codebook_size]`` float32 of ``logits [B, vocab]``: temperature, top-k (0: off), top-p."""
-    scores = logits[:, :codebook_size]
-    if scores.dtype != torch.float32:
-        scores = scores.float()
+    scores = logits[:, :codebook_size].float()
     if config.temperature != 1.0:
         scores = scores / config.temperature
     if 0 < config.top_k < codebook_size:
@@ -48,8 +46,7 @@ def _hash32(words: torch.Tensor) -> torch.Tensor:
 
 
 def noise_keys(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """The keys ``[2, n]`` int32 of the Gumbel noise of image ``positions [n]`` of ``frame`` of the rollout seeded
-    ``seed``."""
+    """The int32 keys ``[2, n]`` of the Gumbel noise of image ``positions [n]`` of ``frame`` of rollout ``seed``."""
     device = positions.device
     seed, frame = (torch.as_tensor(v, dtype=torch.int64, device=device) for v in (seed, frame))
     keys = torch.tensor(_STREAMS, dtype=torch.int32, device=device)[:, None]  # both chains at once
@@ -66,8 +63,7 @@ def _column_words(size: int, device: torch.device) -> torch.Tensor:
 
 def gumbel_noise(seed: int | torch.Tensor, frame: int | torch.Tensor, positions: Sequence[int] | torch.Tensor,
                  size: int, device: torch.device | str = "cpu") -> torch.Tensor:
-    """Standard Gumbel noise ``[len(positions), size]`` float32 for image ``positions`` of ``frame`` of the rollout
-    ``seed``."""
+    """Gumbel noise ``[len(positions), size]`` float32 of image ``positions`` of ``frame`` of rollout ``seed``."""
     device = torch.device(device)
     positions = torch.as_tensor(positions, dtype=torch.int64, device=device).reshape(-1)
     keys = noise_keys(seed, frame, positions)

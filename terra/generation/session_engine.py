@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
@@ -47,8 +48,7 @@ class Rollout:
 
     def codes(self) -> np.ndarray:
         """Every frame's codes so far ``[n + generated, P]``, context first."""
-        frames = list(self.state.frames)
-        return np.stack(frames).reshape(len(frames), -1)
+        return np.stack(self.state.frames)
 
 
 @dataclass
@@ -72,7 +72,7 @@ class SessionEngine:
         self.backend = backend
         self._inbox: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._owner: dict[int, Rollout] = {}  # id(state) of a rollout with a step in the backend
-        self._count = 0
+        self._count = itertools.count(1)  # numbers the rollouts opened
         self._lock = threading.Lock()  # guards the counters read by metrics()
         self._done_at: deque[float] = deque(maxlen=100_000)
         self.frames_total = 0
@@ -96,10 +96,7 @@ class SessionEngine:
         if routes is not None:  # the steps' routes come with them
             routes = np.concatenate([routes, no_route(max_frames, routes.shape[1])])
         request = RolloutRequest(codes, room, max_frames, seed=seed, overlap=overlap, routes=routes)
-        with self._lock:
-            self._count += 1
-            index = self._count
-        return Rollout(self.backend.start(request, index))
+        return Rollout(self.backend.start(request, next(self._count)))
 
     def step(self, rollout: Rollout, action: np.ndarray, sampling: SamplingConfig,
              route: np.ndarray | None = None) -> Future:
@@ -160,11 +157,8 @@ class SessionEngine:
     def _run(self) -> None:
         while True:
             jobs = [self._inbox.get()] if not self.backend.num_queued else []
-            while True:
-                try:
-                    jobs.append(self._inbox.get_nowait())
-                except queue.Empty:
-                    break
+            while not self._inbox.empty():  # this thread is its only reader
+                jobs.append(self._inbox.get_nowait())
             if any(job is None for job in jobs):
                 return self._fail_all(jobs)
             for job in jobs:
@@ -180,14 +174,12 @@ class SessionEngine:
                     self._finish(done)
 
     def _dispatch(self, job: _Job) -> None:
-        with self._lock:
-            self._waiting -= 1
         rollout = job.rollout
         if rollout.busy or rollout.waiting:
-            rollout.waiting.append(job)
-            with self._lock:
-                self._waiting += 1
+            rollout.waiting.append(job)  # still counted as waiting
             return
+        with self._lock:
+            self._waiting -= 1
         self._execute(job)
 
     def _execute(self, job: _Job) -> None:

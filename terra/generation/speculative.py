@@ -16,14 +16,13 @@ from transformers import DynamicCache
 
 from terra.config.sampling import SamplingConfig
 from terra.generation.guesses import Transitions
-from terra.generation.kv import crop, kv_tensors, window_cache
+from terra.generation.kv import crop, kv_cache, kv_tensors
 from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.sampling import gumbel_noise, sample_image_tokens
 
 
 def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: torch.Tensor) -> torch.Tensor:
-    """Per request, int32: how many leading ``guesses [R, K]`` equal the draws ``samples [R, K+1]``, at most
-    ``num_guesses``."""
+    """Per request: how many leading ``guesses [R, K]`` equal ``samples [R, K+1]``, at most ``num_guesses`` (int32)."""
     match = guesses == samples[:, : guesses.shape[1]]
     leading = match.cumprod(dim=1, dtype=torch.int32).sum(dim=1, dtype=torch.int32)
     return torch.minimum(leading, num_guesses)  # the slots past a request's guesses never count
@@ -31,8 +30,7 @@ def accepted_guesses(samples: torch.Tensor, guesses: torch.Tensor, num_guesses: 
 
 def next_guesses(samples: torch.Tensor, accepted: torch.Tensor, num_guesses: torch.Tensor,
                  later: torch.Tensor) -> torch.Tensor:
-    """The ``[R, K]`` guesses for the positions after each request's last committed token: the pass's draw, else
-    ``later``."""
+    """The ``[R, K]`` guesses after each request's last committed token: the pass's draw, else ``later``."""
     row = accepted[:, None] + _steps(later.shape[1], samples.device)  # int64
     from_pass = samples.gather(1, row.clamp(max=samples.shape[1] - 1))
     return torch.where(row <= num_guesses[:, None], from_pass, later)
@@ -99,10 +97,6 @@ class SpeculativeFrame:
         room = min(self.draft_tokens - (self.size - self.count), self.size - 1) if self.lookahead else 0
         return self._next_frame_guesses(room) if room > 0 else self._nothing
 
-    def next_frame_guesses(self) -> torch.Tensor:
-        """``[P]``: the next frame's first guesses."""
-        return self._next_frame_guesses(self.size)
-
     def _next_frame_guesses(self, count: int) -> torch.Tensor:
         reached = self.ahead.shape[0]
         if reached >= count:
@@ -112,15 +106,11 @@ class SpeculativeFrame:
 
     def handover(self) -> tuple[int, torch.Tensor, torch.Tensor]:
         """Once :attr:`done`: the next frame's index, first guesses and noise drawn so far (None if greedy)."""
-        return self.frame + 1, self.next_frame_guesses(), self._ahead_noise
+        return self.frame + 1, self._next_frame_guesses(self.size), self._ahead_noise
 
     def advance(self, logits: torch.Tensor, ahead_logits: torch.Tensor | None = None) -> int:
         """Take one pass's logits ``[len(drafts) + 1, vocab]``; return the number of tokens committed."""
         return advance_frames([self], [logits], [ahead_logits])[0]
-
-    def codes(self) -> torch.Tensor:
-        """The frame's ``P`` committed codes (once :attr:`done`; before, those committed so far)."""
-        return self.committed
 
     def _positions(self, start: int, count: int) -> torch.Tensor:
         return torch.arange(start, start + count, device=self.later.device).clamp(max=self.size - 1)
@@ -154,8 +144,7 @@ class SpeculativeFrame:
 
 def advance_frames(frames: Sequence[SpeculativeFrame], logits: Sequence[torch.Tensor],
                    ahead_logits: Sequence[torch.Tensor | None]) -> list[int]:
-    """One pass of each of ``frames`` at once: each frame's rows drawn with its own noise, acceptance and refill in one
-    call."""
+    """One pass of each of ``frames``: rows drawn with each frame's own noise, then acceptance and refill at once."""
     _draw_ahead([(frame, rows) for frame, rows in zip(frames, ahead_logits) if rows is not None])
     widths = [min(frame.draft_tokens, frame.size - frame.count) for frame in frames]
     rows = [min(width + 1, frame.size - frame.count) for frame, width in zip(frames, widths)]  # none past the end
@@ -246,7 +235,7 @@ class SpeculativeRows:
                            if lookahead else None)
         if state.window_starts:
             ids, conditions, _ = state.prompt()
-            cache, prompt = window_cache(None, layout.window_positions), len(ids)
+            cache, prompt = kv_cache(None, layout.window_positions), len(ids)
             prefix_conditions = torch.from_numpy(conditions).reshape(-1, layout.action_dim)
         else:
             kept = state.cache.window  # the window's cache this rollout wrote last, unless it has moved on since
@@ -254,7 +243,7 @@ class SpeculativeRows:
                 cache = kept[0]
                 crop(cache, state.cache.kv[0][0].shape[2])  # what a cancelled frame wrote past it goes
             else:
-                cache = window_cache(state.cache.kv, layout.window_positions)
+                cache = kv_cache(state.cache.kv, layout.window_positions)
             ids = [int(state.frames[-1][-1])] + [layout.slot_token_id] * layout.slot_tokens
             prefix_conditions = torch.from_numpy(state.conditions[state.next_frame - 1])
             prompt = (state.next_frame - state.window.start) * layout.frame_span
@@ -285,8 +274,7 @@ class SpeculativeRows:
         return done
 
     def _pass(self, entry: _FrameInFlight) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The logits of the frame's rows and, where the pass ran past the frame's end, of the next frame's first
-        positions."""
+        """The logits of the frame's rows and, where the pass ran past its end, of the next frame's first positions."""
         frame = entry.frame
         drafts, ahead = frame.drafts(), frame.ahead_drafts()
         width, reach = drafts.shape[0], ahead.shape[0]  # (tensor.shape, not len(): a pass's host work is small)
@@ -314,7 +302,7 @@ class SpeculativeRows:
 
     def _finish(self, entry: _FrameInFlight) -> FrameDone:
         state, frame = entry.state, entry.frame
-        codes = frame.codes().cpu().numpy().astype(np.int64)
+        codes = frame.committed.cpu().numpy().astype(np.int64)
         state.add_frame(codes, passes=frame.passes)
         state.cache.ahead = frame.handover() if frame.lookahead else None
         kv = None if state.window_starts else kv_tensors(entry.cache)  # a new window starts from a fresh prompt

@@ -6,6 +6,7 @@ import asyncio
 import queue
 import threading
 from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -19,16 +20,16 @@ POLL_WAIT_S = 0.05  # poll() returns empty-handed after this long, so a driver c
 CALL_TIMEOUT_S = 600.0  # for work handed to the loop thread (engine start-up, aborts, shutdown)
 
 
+@dataclass(eq=False)
 class _Stream:
     """One open streaming request: the current window of one rollout (kept in its state's ``cache``)."""
 
-    def __init__(self, request_id: str) -> None:
-        self.request_id = request_id
-        self.inputs: asyncio.Queue | None = None  # StreamingInput chunks, then None (loop thread only)
-        self.task: asyncio.Task | None = None  # runs generate() (loop thread only)
-        self.codes: list[int] = []  # sampled codes not yet handed over (loop thread only)
-        self.closing = False  # its input has ended (loop thread only)
-        self.last_code = -1  # last code of the newest frame: it leads the next chunk (driver thread)
+    request_id: str
+    inputs: asyncio.Queue | None = None  # StreamingInput chunks, then None (loop thread only)
+    task: asyncio.Task | None = None  # runs generate() (loop thread only)
+    codes: list[int] = field(default_factory=list)  # sampled codes not yet handed over (loop thread only)
+    closing: bool = False  # its input has ended (loop thread only)
+    last_code: int = -1  # last code of the newest frame: it leads the next chunk (driver thread)
 
 
 class StreamingVLLMBackend(VLLMBackend):
@@ -75,7 +76,7 @@ class StreamingVLLMBackend(VLLMBackend):
         window_tokens = (state.next_frame - state.window.start) * self.layout.frame_span
         if stream is None or state.window_starts:  # a new window, or a rollout without an open stream
             if stream is not None:
-                self._close_stream(state)
+                self._end_stream(state)
             self._make_room()
             stream = state.cache = _Stream(f"terra-stream-{next(self._ids)}")
             prompt = self.frame_prompt(state)
@@ -103,11 +104,8 @@ class StreamingVLLMBackend(VLLMBackend):
             items = [self._done.get(timeout=POLL_WAIT_S)]
         except queue.Empty:
             return []
-        while True:
-            try:
-                items.append(self._done.get_nowait())
-            except queue.Empty:
-                break
+        while not self._done.empty():  # this thread is its only reader
+            items.append(self._done.get_nowait())
         done = []
         for request_id, codes, cached, error in items:
             entry = self._pending.pop(request_id, None)
@@ -115,7 +113,7 @@ class StreamingVLLMBackend(VLLMBackend):
                 continue
             state, prompt_tokens, window_start = entry
             if error is not None:
-                self._drop_stream(state)
+                self._end_stream(state, abort=True)
                 self._error = self._error or error
                 continue
             state.cache.last_code = int(codes[-1])  # the stream is open: a window's last frame closes it later
@@ -133,15 +131,12 @@ class StreamingVLLMBackend(VLLMBackend):
         for state in states:
             stream = state.cache
             if isinstance(stream, _Stream) and self._pending.pop(stream.request_id, None) is not None:
-                self._drop_stream(state)
+                self._end_stream(state, abort=True)
 
     def release(self, state: RolloutState) -> None:
         stream = state.cache
         if isinstance(stream, _Stream):
-            if self._pending.pop(stream.request_id, None) is not None:
-                self._drop_stream(state)
-            else:
-                self._close_stream(state)
+            self._end_stream(state, abort=self._pending.pop(stream.request_id, None) is not None)
 
     def close(self) -> None:
         loop = getattr(self, "_loop", None)
@@ -156,23 +151,21 @@ class StreamingVLLMBackend(VLLMBackend):
             self._open.clear()
             self._stop_loop()
 
-    def _close_stream(self, state: RolloutState) -> None:
-        """End the input of ``state``'s stream; vLLM frees its KV (full blocks stay cached)."""
+    def _end_stream(self, state: RolloutState, abort: bool = False) -> None:
+        """End the input of ``state``'s stream (vLLM frees its KV, full blocks stay cached), or ``abort`` it."""
         stream, state.cache = state.cache, None
         self._open.pop(stream.request_id, None)
-        self._loop.call_soon_threadsafe(self._feed, stream, None)
-
-    def _drop_stream(self, state: RolloutState) -> None:
-        stream, state.cache = state.cache, None
-        self._open.pop(stream.request_id, None)
-        self._call(self._abort(stream))
+        if abort:
+            self._call(self._abort(stream))
+        else:
+            self._loop.call_soon_threadsafe(self._feed, stream, None)
 
     def _make_room(self) -> None:
         """Close the least recently used stream without a queued frame if one more would pass ``max_num_seqs``."""
         if len(self._open) >= self.max_num_seqs:
             idle = next((s for request_id, s in self._open.items() if request_id not in self._pending), None)
             if idle is not None:
-                self._close_stream(idle)
+                self._end_stream(idle)
 
     def _call(self, coroutine) -> Any:
         return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result(CALL_TIMEOUT_S)

@@ -5,7 +5,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -51,8 +52,7 @@ class SessionContext:
         return None if self.scene is None else self.scene.route(self.poses, route_tokens)
 
     def step_route(self, pose: np.ndarray, route_tokens: int) -> tuple[np.ndarray | None, str]:
-        """The route ``[K, 3]`` at session-frame ``pose`` (None without a road) and its verdict (``TOLD`` or why
-        not)."""
+        """The route ``[K, 3]`` at session-frame ``pose`` (None: no road) and its verdict (``TOLD`` or why not)."""
         if self.road is not None:
             return told_route_at(self.road, pose, route_tokens)
         if self.scene is None:
@@ -75,18 +75,9 @@ def named_roads(folder: str | Path | None) -> dict[str, Road]:
     return roads
 
 
-def with_road(context: SessionContext, road: Road | None) -> SessionContext:
-    """``context`` told ``road`` (None: no route, not even its scene's)."""
-    return replace(context, scene=None, poses=None, road=road)
-
-
 def session_poses(actions: np.ndarray) -> np.ndarray:
-    """The poses ``[n, 3]`` of the context frames that ``actions`` ``[n - 1, 6, 3]`` lead through, in the session
-    frame."""
-    poses = [(0.0, 0.0, 0.0)]
-    for action in actions:
-        poses.append(advance_pose(poses[-1], action))
-    world = np.asarray(poses)
+    """The session-frame poses ``[n, 3]`` of the context frames that ``actions`` ``[n - 1, 6, 3]`` lead through."""
+    world = np.asarray(list(accumulate(actions, advance_pose, initial=(0.0, 0.0, 0.0))))
     return np.column_stack([to_ego(world[:, :2], world[-1]), world[:, 2] - world[-1, 2]])
 
 
@@ -116,9 +107,7 @@ def builtin(pipeline, num_context: int, manoeuvre: str = "straight", scene: int 
 
 def from_images(pipeline, images: torch.Tensor | Sequence[Any], num_context: int | None = None,
                 actions: Any = None, speed_kmh: float = 30.0, resize: str = "crop") -> SessionContext:
-    """Context from a tensor ``[N, 3, H, W]`` in [-1, 1], or files / PIL images / uint8 arrays (the last
-    ``num_context``).
-    """
+    """Context from the last ``num_context`` of a tensor ``[N, 3, H, W]`` in [-1, 1], files, PIL images or arrays."""
     if not torch.is_tensor(images):
         images = load_images(list(images), pipeline.image_size, last_n=num_context, resize=resize)
     elif num_context is not None:

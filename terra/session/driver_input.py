@@ -22,7 +22,9 @@ KEY_ACCEL = 2.5  # m/s^2 while the up key is held
 KEY_BRAKE = -4.0  # m/s^2 while the down key is held
 KEY_STEER_RATE = 0.25  # steering change per frame towards the held arrow (full lock in 0.4 s)
 KEYS = ("up", "down", "left", "right")
-ACTION_KINDS = ("actions", "trajectory", "steer", "manoeuvre")
+ACTION_KEYS = {"actions": {"actions"}, "trajectory": {"trajectory"}, "steer": {"steer", "speed_kmh", "accel_mps2"},
+               "manoeuvre": {"manoeuvre", "speed_kmh"}}  # each kind of action mapping and the keys it takes
+ACTION_KINDS = tuple(ACTION_KEYS)
 NO_STEP_ROUTE = ("a step takes no route: a session on the built-in world is told its scene's road at every step, one "
                  "on frames or codes of your own runs without (docs/serve.md)")
 
@@ -33,8 +35,7 @@ def max_curvature(speed_mps: float) -> float:
 
 
 def drive_action(steer: float, speed_kmh: float, accel_mps2: float = 0.0) -> np.ndarray:
-    """``[6, 3]`` action of an arc: ``steer`` in [-1, 1] (positive = left) at ``speed_kmh``, changing at ``accel_mps2``.
-    """
+    """``[6, 3]`` action of an arc: ``steer`` in [-1, 1] (left > 0) at ``speed_kmh``, changing at ``accel_mps2``."""
     steer = check_number(steer, "steer", -1.0, 1.0)
     v0 = check_number(speed_kmh, "speed_kmh", 0.0, MAX_SPEED_KMH) / 3.6
     accel = check_number(accel_mps2, "accel_mps2", *ACCEL_RANGE)
@@ -63,18 +64,17 @@ def parse_action(value: Any) -> np.ndarray:
     if len(kinds) != 1:
         raise TerraInputError(f"an action needs exactly one of {', '.join(ACTION_KINDS)} (got keys {sorted(value)})")
     kind = kinds[0]
+    extra = sorted(set(value) - ACTION_KEYS[kind])
+    if extra:
+        raise TerraInputError(f"unknown action keys {extra}; this kind of action takes {sorted(ACTION_KEYS[kind])}")
     if kind == "actions":
-        _only(value, {"actions"})
         return _action_array(value["actions"])
     if kind == "trajectory":
-        _only(value, {"trajectory"})
         return trajectory_action(value["trajectory"])
     if kind == "steer":
-        _only(value, {"steer", "speed_kmh", "accel_mps2"})
         if "speed_kmh" not in value:
             raise TerraInputError("a steer action needs speed_kmh too, e.g. {\"steer\": 0.2, \"speed_kmh\": 30}")
         return drive_action(value["steer"], value["speed_kmh"], value.get("accel_mps2", 0.0))
-    _only(value, {"manoeuvre", "speed_kmh"})
     speed = check_number(value.get("speed_kmh", 30.0), "speed_kmh", 0.0, MAX_SPEED_KMH)
     if not isinstance(value["manoeuvre"], str):
         raise TerraInputError(f"manoeuvre must be a name (got {value['manoeuvre']!r})")
@@ -97,12 +97,6 @@ def _action_array(value: Any) -> np.ndarray:
     if arr.shape != (6, 3):
         raise TerraInputError(f"an action array must have shape [6, 3] ([y, x, time] per slot), got {list(arr.shape)}")
     return validate_actions(arr[None], "action")[0]
-
-
-def _only(value: dict, allowed: set[str]) -> None:
-    extra = sorted(set(value) - allowed)
-    if extra:
-        raise TerraInputError(f"unknown action keys {extra}; this kind of action takes {sorted(allowed)}")
 
 
 class KeyDriver:

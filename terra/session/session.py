@@ -5,7 +5,8 @@ from __future__ import annotations
 import secrets
 import time
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from contextlib import suppress
+from dataclasses import dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -54,7 +55,6 @@ class Session:
         self.poses: list[Pose] = list(poses or [])  # poses[k]: at generated frame k
         self.queued_pose: Pose = self.pose_at(len(self.poses) - 1)  # after the last queued step: where its route is
         self.driver = KeyDriver(context.speed_kmh)
-        self.created = time.time()
         self.route_told: list[str] = []  # route_told[k]: TOLD, or why generated frame k was told no route
 
     @property
@@ -112,8 +112,7 @@ class Session:
     def fork(self) -> "Session":
         """A new session continuing from this one's latest frame (after its queued steps); the past is shared."""
         rollout = self.host.engine.fork(self.rollout).result()
-        twin = Session(self.host, rollout, self.context, self.sampling, self.poses[: rollout.state.next_frame
-                                                                                 - rollout.state.num_context])
+        twin = Session(self.host, rollout, self.context, self.sampling, self.poses[: rollout.state.num_generated])
         twin.driver.speed_kmh, twin.driver.steer = self.driver.speed_kmh, self.driver.steer
         twin.route_told = self.route_told[: len(twin.poses)]
         return twin
@@ -147,19 +146,16 @@ class Session:
         if step.cancelled():
             done.cancel()
             return
-        if step.exception() is None:
-            result = step.result()
-            del self.poses[result.index:]
-            self.poses.append(pose)
-            del self.route_told[result.index:]
-            self.route_told.append(told)
-        try:
-            if step.exception() is None:
+        error = step.exception()
+        if error is None:
+            index = step.result().index
+            self.poses[index:] = [pose]
+            self.route_told[index:] = [told]
+        with suppress(InvalidStateError):  # the caller cancelled it while the step was already running
+            if error is None:
                 done.set_result(step.result())
             else:
-                done.set_exception(step.exception())
-        except InvalidStateError:  # the caller cancelled it while the step was already running
-            pass
+                done.set_exception(error)
 
 
 SESSION_FRAME = "the session's frame (the last context frame's ego frame, x forward, y left)"
@@ -247,8 +243,8 @@ class SessionHost:
             context = contexts.from_codes(codes, pipeline.tokenizer.grid_shape, actions, speed_kmh)
         else:
             context = contexts.builtin(pipeline, num_context, **(builtin or {}))
-        if road is not contexts.OWN_ROAD:
-            context = contexts.with_road(context, road)
+        if road is not contexts.OWN_ROAD:  # told ``road`` (None: no route, not even its scene's)
+            context = replace(context, scene=None, poses=None, road=road)
         return self.open_context(context, seed, sampling, max_frames)
 
     def open_context(self, context: contexts.SessionContext, seed: int | None = None,

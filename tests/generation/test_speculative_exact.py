@@ -73,7 +73,7 @@ def speculative_frame(table: torch.Tensor, seed: int, draft_tokens: int) -> tupl
         drafts = frame.drafts()
         tokens = frame.committed.tolist() + drafts.tolist()
         frame.advance(fake_logits(table, tokens, frame.count, len(drafts) + 1))
-    return tuple(frame.codes().tolist())
+    return tuple(frame.committed.tolist())
 
 
 def counts_of(frames) -> dict[tuple[int, ...], int]:
