@@ -268,11 +268,6 @@ def _timed_plan(policy: Policy, observation: Observation) -> tuple[Plan | None, 
         return None, seconds, TerraInputError(f"{error_line(err)} (it returned a {type(value).__name__})")
 
 
-def close_drive(world: World, drive: Drive, policy_timeout_s: float = 30.0) -> None:
-    """Free the drive's session and policy (:func:`close_drives`)."""
-    close_drives(world, [drive], policy_timeout_s)
-
-
 def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float = 30.0) -> None:
     """Free the drives' sessions and policies; the policies' closes run at once, each within ``policy_timeout_s``."""
     calls = []
