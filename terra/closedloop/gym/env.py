@@ -84,11 +84,10 @@ def env_scenarios(world: Any, scenarios: Any, num_scenarios: int, scenario_seed:
             raise TerraInputError(f"world: a {type(world).__name__} is not a World (no callable {', '.join(missing)});"
                                   f" pass world='{TRUTH}' or a World such as ModelWorld(pipeline)")
     if scenarios is None:
-        size = image_size if isinstance(image_size, (list, tuple)) else None
-        if size is None or len(size) != 2:
+        if not isinstance(image_size, (list, tuple)) or len(image_size) != 2:
             raise TerraInputError(f"image_size must be (height, width), e.g. image_size={IMAGE_SIZE} (got "
                                   f"{image_size!r})")
-        size = tuple(check_whole_number(n, "image_size", 8, f"image_size={IMAGE_SIZE}", MAX_PIXELS) for n in size)
+        size = tuple(check_whole_number(n, "image_size", 8, f"image_size={IMAGE_SIZE}", MAX_PIXELS) for n in image_size)
         scenarios = SyntheticScenarios(SETTINGS["num_scenarios"].check(num_scenarios),
                                        SETTINGS["scenario_seed"].check(scenario_seed), size)
     else:
@@ -228,9 +227,7 @@ class DriveEnv(gym.Env):
         return observation(self.drive), {"scenario": self.drive.spec.scenario.id}
 
     def step(self, action):
-        refuse_closed(self.closed, "step")
-        if self._needs_reset is not None:
-            raise ResetNeeded(f"call reset() before step(): {self._needs_reset}")
+        refuse_closed(self.closed, "step", self._needs_reset)
         command = read_action(self._drives.action_mode, self.drive, action)
         self._needs_reset = "the world failed the last step"  # until the step is whole
         [(reward, terminated, truncated, info)] = self._drives.step([self.drive], [command])
@@ -301,9 +298,7 @@ class DriveVectorEnv(VectorEnv):
         self.drives[i] = self._drives.open(self._rngs[i], index)
 
     def step(self, actions):
-        refuse_closed(self.closed, "step")
-        if self._needs_reset is not None:
-            raise ResetNeeded(f"call reset() before step(): {self._needs_reset}")
+        refuse_closed(self.closed, "step", self._needs_reset)
         count = None if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__") else len(actions)
         if count != self.num_envs:
             raise InvalidAction(f"step() got {'no batch of' if count is None else count} actions for {self.num_envs} "
@@ -340,10 +335,12 @@ def check_render_mode(render_mode: Any) -> str | None:
     return render_mode
 
 
-def refuse_closed(closed: bool, call: str) -> None:
-    """``ClosedEnvironmentError`` in one line for a ``call`` on a closed env."""
+def refuse_closed(closed: bool, call: str, needs_reset: str | None = None) -> None:
+    """``ClosedEnvironmentError`` for a ``call`` on a closed env, ``ResetNeeded`` while ``needs_reset`` says why."""
     if closed:
         raise ClosedEnvironmentError(f"{call}() on a closed env: make a new one (gymnasium.make) after close()")
+    if needs_reset is not None:
+        raise ResetNeeded(f"call reset() before step(): {needs_reset}")
 
 
 if ENV_ID not in gym.registry:  # gymnasium's registry: make() and make_vec() find the envs by id
