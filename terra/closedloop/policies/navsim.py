@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, List, Mapping, Optional
 
 import numpy as np
@@ -32,8 +32,7 @@ class TrajectorySampling:
     interval_length: Optional[float] = None
 
     def __post_init__(self) -> None:
-        given = {k: v for k, v in (("num_poses", self.num_poses), ("time_horizon", self.time_horizon),
-                                   ("interval_length", self.interval_length)) if v is not None}
+        given = {k: v for k, v in asdict(self).items() if v is not None}
         where = "trajectory_sampling: "
         if len(given) < 2:
             raise TerraInputError(f"{where}give two of num_poses, time_horizon and interval_length (got "
