@@ -10,10 +10,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from terra.closedloop.guard import CallLine, UserCall, UserCodeError, handed, user_call
-from terra.closedloop.car.motion import Vehicle, action_of, make_vehicle
+from terra.closedloop.car.motion import VEHICLES, Actuation, Vehicle, action_of
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
-from terra.closedloop.car.motion import Actuation
 from terra.closedloop.worlds import World
 from terra.core.errors import TerraInputError, error_line
 from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ
@@ -168,7 +167,7 @@ class Drive:
 def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s: float = 30.0,
                 vehicle: str = "bicycle") -> Drive:
     """Build and reset the drive's policy, make its ``vehicle`` and open the drive in ``world``; failures recorded."""
-    drive = Drive(spec, world.name, make_vehicle(vehicle, spec.scenario.speed_kmh / 3.6))
+    drive = Drive(spec, world.name, VEHICLES[vehicle](spec.scenario.speed_kmh / 3.6))
     who = f"policy {spec.policy}"
     try:
         drive.policy = policy = user_call(who, "build", policy_timeout_s, spec.make_policy)

@@ -177,12 +177,7 @@ class ExactVehicle:
         return self.pose
 
 
-VEHICLES = {"bicycle": BicycleVehicle, "exact": ExactVehicle}  # the loop's ``vehicle`` setting
-
-
-def make_vehicle(kind: str, speed: float) -> Vehicle:
-    """A new vehicle of ``kind`` (a name of :data:`VEHICLES`) at ``speed`` m/s."""
-    return VEHICLES[kind](speed)
+VEHICLES = {"bicycle": BicycleVehicle, "exact": ExactVehicle}  # the loop's ``vehicle`` setting: its class by name
 
 
 def action_of(poses: np.ndarray) -> np.ndarray:
