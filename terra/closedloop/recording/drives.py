@@ -134,18 +134,14 @@ def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tok
                 opened.worlds[name] = users[name]
             elif name != "model":
                 opened.worlds[name] = settings.other_world(name, size, opened.worlds.get("model"))
+        if settings.estimator is not None:
+            from terra.closedloop.outcomes.plan_following import PlanFollowing
+
+            device = str(spec.device) if "model" in opened.worlds else "cpu"
+            opened.plan_following = PlanFollowing(settings.estimator, device)
     except BaseException:
         opened.close()
         raise
-    if settings.estimator is not None:
-        from terra.closedloop.outcomes.plan_following import PlanFollowing
-
-        device = str(spec.device) if "model" in opened.worlds else "cpu"
-        try:
-            opened.plan_following = PlanFollowing(settings.estimator, device)
-        except BaseException:
-            opened.close()
-            raise
     return opened
 
 
