@@ -1,5 +1,4 @@
-"""How a policy's plan becomes the car's motion: a :class:`Vehicle` per drive, its :class:`Tracker` (pure pursuit on
-the plan's path, a speed loop on its timing)."""
+"""How a plan becomes the car's motion: a :class:`Vehicle` per drive and its :class:`Tracker` (pure pursuit)."""
 
 from __future__ import annotations
 

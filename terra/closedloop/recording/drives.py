@@ -1,5 +1,4 @@
-"""A ``terra-drive`` run from its checked settings: worlds opened once on the run's device, scenarios read, every
-drive made and recorded."""
+"""A ``terra-drive`` run from its checked settings: worlds opened once, scenarios read, drives made and recorded."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""Drives recorded as batch rollouts are: a video and a JSON file per drive, a manifest, resumable; measured and
-written in the loop's process or beside it."""
+"""A drive's files (video, top-down picture, JSON) and manifest line, written here or by writer processes."""
 
 from __future__ import annotations
 

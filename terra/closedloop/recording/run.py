@@ -1,5 +1,4 @@
-"""A recorded run of many drives in one world: resume, drive in chunks of ``max_concurrent``, write, manifest, summary.
-"""
+"""A recorded run of many drives in one world: resume, drive in chunks, write, manifest and summary."""
 
 from __future__ import annotations
 
@@ -80,8 +79,7 @@ class RunResult:
         }
 
     def route_line(self) -> str | None:
-        """How many of its drives' steps the world model was told a route, and why the others not; None: all were,
-        or none could be (no drive's world tells routes)."""
+        """How many steps the world model was told a route, and why not the others; None: no world tells routes."""
         verdicts = [v for content in self.drives.values() for v in content.get("route_told") or ()]
         return route_summary(verdicts) if verdicts else None
 
