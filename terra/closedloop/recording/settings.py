@@ -113,13 +113,12 @@ def checked_run(cfg: DictConfig) -> DriveSettings:
     elif world not in WORLDS:
         raise TerraInputError(f"unknown world {shown(world)}{did_you_mean(world, WORLDS)}; choose one of: "
                               f"{', '.join(WORLDS)}, or package.module:Class (a world of your own: docs/drive.md)")
-    setting = str(values["scenarios"])
     executor = check_executor(values["executor"])
     ray = RaySettings.parse(select(cfg, "ray"))
     image_root = values["image_root"]
     if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
         raise TerraInputError(f"image_root={image_root} is not a folder; point it at the context frames' root")
-    scenarios = scenario_source(setting, values["num_scenarios"], values["scenario_seed"],
+    scenarios = scenario_source(str(values["scenarios"]), values["num_scenarios"], values["scenario_seed"],
                                 None if image_root is None else str(image_root))
     road = values["road"]
     run = run_spec(cfg)
