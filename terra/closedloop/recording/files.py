@@ -162,11 +162,8 @@ def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
 
 def completed(output_dir: Path, spec: DriveSpec, inputs: dict[str, str]) -> tuple[dict | None, str | None]:
     """``(record, None)``: the JSON of a complete earlier drive made from ``inputs`` whose files are whole."""
-    video, sidecar = paths(output_dir, spec)
-    if not sidecar.is_file():
-        return None, None
     try:
-        record = load_json(sidecar, "drive record")
+        record = load_json(paths(output_dir, spec)[1], "drive record")  # no file: a TerraInputError too
     except TerraInputError:
         return None, None
     if not (isinstance(record, dict) and record.get("complete")):
