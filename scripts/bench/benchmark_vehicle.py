@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from terra.closedloop.car.motion import VEHICLES, make_vehicle
+from terra.closedloop.car.motion import VEHICLES
 from terra.closedloop.plans import Plan
 from terra.contract.actions import ACTION_TIMES
 
@@ -60,10 +60,10 @@ def main(argv: list[str] | None = None) -> None:
     for kind in VEHICLES:
         for name, (spacing, count) in {"8 poses at 0.5 s": (0.5, 8), "40 poses at 10 Hz": (0.1, 40)}.items():
             made = plan(spacing, count)
-            car = make_vehicle(kind, 8.0)
-            step = median_ms(lambda: make_vehicle(kind, 8.0).step(made), args.repeats)  # noqa: B023 (timed now)
+            car = VEHICLES[kind](8.0)
+            step = median_ms(lambda: VEHICLES[kind](8.0).step(made), args.repeats)  # noqa: B023 (timed now)
             forecast = median_ms(lambda: car.forecast(made, ACTION_TIMES), args.repeats)  # noqa: B023 (timed now)
-            both = median_ms(lambda: forecast_then_step(make_vehicle(kind, 8.0), made),  # noqa: B023 (timed now)
+            both = median_ms(lambda: forecast_then_step(VEHICLES[kind](8.0), made),  # noqa: B023 (timed now)
                              args.repeats)
             print(f"| {kind} | {name} | {step:.3f} | {forecast:.3f} | {both:.3f} |")
 

@@ -154,17 +154,12 @@ def reason(err: BaseException) -> str:
 IMMUTABLE = (str, bytes, int, float, complex, bool, type(None), np.generic, PurePath, Enum, range, type)
 
 
-def read_only(array: np.ndarray) -> np.ndarray:
-    """A read-only copy of ``array``."""
-    copy = np.array(array, copy=True, subok=False)
-    copy.flags.writeable = False
-    return copy
-
-
 def handed(value: Any) -> Any:
-    """``value`` as user code gets it."""
+    """``value`` as user code gets it: arrays as read-only copies."""
     if isinstance(value, np.ndarray):
-        return read_only(value)
+        array = np.array(value, copy=True, subok=False)
+        array.flags.writeable = False
+        return array
     if isinstance(value, IMMUTABLE):
         return value
     if type(value) in (tuple, list):

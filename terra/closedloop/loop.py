@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Sequence
@@ -9,10 +10,9 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from terra.closedloop.guard import CallLine, UserCall, UserCodeError, handed, user_call
-from terra.closedloop.car.motion import Vehicle, action_of, make_vehicle
+from terra.closedloop.car.motion import VEHICLES, Actuation, Vehicle, action_of
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
-from terra.closedloop.car.motion import Actuation
 from terra.closedloop.worlds import World
 from terra.core.errors import TerraInputError, error_line
 from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ
@@ -89,14 +89,11 @@ class Drive:
     policy: Any = None
     gil_bound: bool = False  # the policy's plans run one after another on the loop's CallLine
     handle: Any = None
-    references: np.ndarray | None = None  # the world's view of the truth at the drive's poses, from the world's
-    # reference_frames when it has one, taken as the drive ends
-    truths: dict[bytes, np.ndarray] | None = None  # the true renders the world made at the drive's world poses, by
-    # pose, taken as the drive ends: its measurement renders the rest
-    route_source: str | None = None  # where the world model's routes come from (None: it is told none), from the
-    # world's route_source when it has one
-    route_told: list[str] | None = None  # each step: TOLD, or why the model was told no route (its world's
-    # route_told, taken as the drive ends; None: a world that tells no route)
+    # from the world, where it tells them (None otherwise); all but route_source taken as the drive ends
+    references: np.ndarray | None = None  # its view of the truth at the drive's poses (reference_frames)
+    truths: dict[bytes, np.ndarray] | None = None  # its true renders by world pose (measuring renders the rest)
+    route_source: str | None = None  # where the world model's routes come from (None: it is told none)
+    route_told: list[str] | None = None  # each step: TOLD, or why the model was told no route
 
     @property
     def ok(self) -> bool:
@@ -160,7 +157,7 @@ class Drive:
             yaw_rate = (self.poses[k][2] - self.poses[k - 1][2]) / DT_S if k > 0 else 0.0
             statuses.append(EgoStatus(speed, yaw_rate, accel))
         route = self.spec.scenario.route(self._in_world(now))
-        ego = EgoStatus(statuses[-1].speed_mps, statuses[-1].yaw_rate, statuses[-1].accel_mps2, command_of(route))
+        ego = replace(statuses[-1], command=command_of(route))
         relative = np.concatenate([to_ego(poses[:, :2], now), (poses[:, 2:] - now[2])], axis=-1)
         frames = tuple(self.frames[-history:])
         return Observation(self.steps, self.steps * DT_S, frames, ego, tuple(statuses[:-1]) + (ego,), relative, route,
@@ -170,7 +167,7 @@ class Drive:
 def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s: float = 30.0,
                 vehicle: str = "bicycle") -> Drive:
     """Build and reset the drive's policy, make its ``vehicle`` and open the drive in ``world``; failures recorded."""
-    drive = Drive(spec, world.name, make_vehicle(vehicle, spec.scenario.speed_kmh / 3.6))
+    drive = Drive(spec, world.name, VEHICLES[vehicle](spec.scenario.speed_kmh / 3.6))
     who = f"policy {spec.policy}"
     try:
         drive.policy = policy = user_call(who, "build", policy_timeout_s, spec.make_policy)
@@ -238,7 +235,6 @@ def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int, li
              for drive in drives]
     line.drain(timeout_s)
     for drive, call in calls:
-        name = drive.spec.policy
         try:
             plan, seconds, problem = call.result(timeout_s)
         except UserCodeError as err:
@@ -249,7 +245,7 @@ def _plan_all(drives: list[Drive], step: int, timeout_s: float, history: int, li
                 raise problem
             action = drive.action_for(plan)
         except Exception as err:  # noqa: BLE001
-            drive.fail("policy", f"policy {name} returned a bad plan at step {step}: {error_line(err)}")
+            drive.fail("policy", f"policy {drive.spec.policy} returned a bad plan at step {step}: {error_line(err)}")
             continue
         drive.command(plan, action, seconds)
 
@@ -260,17 +256,9 @@ def _timed_plan(policy: Policy, observation: Observation) -> tuple[Plan | None, 
     value = policy.plan(observation)
     seconds = time.perf_counter() - start
     try:
-        plan = as_plan(value)
-        if plan is value:  # the policy's own Plan: copied, so that it cannot change the plan recorded later
-            plan = Plan(poses=plan.poses, times=plan.times, actions=plan.actions)
-        return plan, seconds, None
+        return as_plan(value), seconds, None
     except Exception as err:  # noqa: BLE001  (worded by the loop: "returned a bad plan")
         return None, seconds, TerraInputError(f"{error_line(err)} (it returned a {type(value).__name__})")
-
-
-def close_drive(world: World, drive: Drive, policy_timeout_s: float = 30.0) -> None:
-    """Free the drive's session and policy (:func:`close_drives`)."""
-    close_drives(world, [drive], policy_timeout_s)
 
 
 def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float = 30.0) -> None:
@@ -280,7 +268,7 @@ def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float 
     truths = getattr(world, "true_renders", None)
     route_told = getattr(world, "route_told", None)
     for drive in drives:
-        try:
+        with contextlib.suppress(Exception):  # the world's session is gone either way
             if drive.handle is not None:
                 if route_told is not None:
                     drive.route_told = route_told(drive.handle)
@@ -289,12 +277,9 @@ def close_drives(world: World, drives: Sequence[Drive], policy_timeout_s: float 
                 if truths is not None and drive.ok:
                     drive.truths = truths(drive.handle)
                 world.close(drive.handle)
-        except Exception:  # noqa: BLE001  (the world's session is gone either way)
-            pass
         if drive.policy is not None:
-            policy = drive.policy
-            close = UserCall(f"policy {drive.spec.policy}", "close", lambda policy=policy: policy.close())
-            calls.append((drive, close))
+            calls.append((drive, UserCall(f"policy {drive.spec.policy}", "close",
+                                          lambda policy=drive.policy: policy.close())))
         drive.handle = drive.policy = None
     for drive, call in calls:
         try:

@@ -77,9 +77,9 @@ class Plan:
 
 
 def as_plan(value: Any) -> Plan:
-    """A policy's answer as a :class:`Plan`."""
+    """A policy's answer as a new :class:`Plan` (a Plan given is copied: changing it later changes no record)."""
     if isinstance(value, Plan):
-        return value
+        return Plan(poses=value.poses, times=value.times, actions=value.actions)
     if isinstance(value, dict):
         if "actions" in value:
             return Plan(actions=value["actions"])

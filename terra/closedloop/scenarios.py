@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from itertools import islice
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -46,8 +47,7 @@ class Scenario:
     scene: Scene | None = None  # the true world's scene: a route and ground truth
     context_poses: np.ndarray | None = None  # [n, 3] world poses of the context frames, where the scene is known
     path: np.ndarray | None = None  # [M, 2] a recorded world path ahead (driving logs), used as the route
-    road: Road | None = None  # a road read from a map: the model world's
-    # routes come from it instead of the scene
+    road: Road | None = None  # a road read from a map: the model world's routes come from it instead of the scene
     road_source: str = "clipgt map"  # where ``road`` was read from, as a drive's record says
     source: str = ""
     reads: Reads = ()  # the files and folders it was read from (outputs stay apart from them)
@@ -275,11 +275,8 @@ def _log_scenario(clip_dir: Path, image_size: Sequence[int], num_context: int, r
     try:
         clip = logs_lib.open_clip(clip_dir)
         kept = logs_lib.Resampled()
-        frames = []
-        for read in logs_lib.clip_frames(clip, tuple(image_size), resize, FRAME_RATE_HZ, kept):
-            frames.append(read())
-            if len(frames) == num_context:
-                break
+        frames = [read() for read in islice(logs_lib.clip_frames(clip, tuple(image_size), resize, FRAME_RATE_HZ, kept),
+                                            num_context)]
         if len(frames) < num_context:
             raise TerraInputError(f"has {len(frames)} frames at 10 Hz, fewer than num_context={num_context}")
         motion = logs_lib.read_motion(clip.trajectory)
@@ -288,8 +285,7 @@ def _log_scenario(clip_dir: Path, image_size: Sequence[int], num_context: int, r
         raise TerraInputError(f"scenarios: driving-log clip {clip_dir.name} {err}") from None
     path = start = None
     if isinstance(motion, EgoTrajectory):
-        times = np.asarray(kept.times) - kept.times[0] + motion.t[0] if not clip.shared_clock else \
-            np.asarray(kept.times)
+        times = np.asarray(kept.times) if clip.shared_clock else np.asarray(kept.times) - kept.times[0] + motion.t[0]
         start = motion.poses_at(np.array([times[-1]]))[0]
         later = motion.t > times[-1]
         path = np.stack([motion.x[later], motion.y[later]], axis=-1)

@@ -73,8 +73,7 @@ class UserWorld:
         if missing:
             raise TerraInputError(f"{self.who}: the world it built has no {', '.join(missing)}; a world implements "
                                   f"{', '.join(WORLD_METHODS)}")
-        self.generate_s = 0.0
-        self.decode_s = 0.0
+        self.generate_s = self.decode_s = 0.0
 
     def _call(self, method: str, *args) -> Any:
         """The world's ``method(*args)``, its lookup too behind the boundary (an attribute may run user code)."""

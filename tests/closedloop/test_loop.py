@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from terra.closedloop.loop import DriveSpec, run_drives
-from terra.closedloop.car.motion import VEHICLES, action_of, make_vehicle
+from terra.closedloop.car.motion import VEHICLES, action_of
 from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.recording.files import metrics_of
 from terra.closedloop.recording.run import RunSettings
@@ -76,7 +76,7 @@ def test_the_world_model_is_shown_the_motion_the_true_world_renders(scenarios, v
     recorded plans makes both again), and the true world's frames are rendered at those poses."""
     [drive] = run_drives(TrueWorld(SIZE), [DriveSpec(scenarios[1], "lane_follower",
                                                      reference_policy("lane_follower"))], 6, vehicle=vehicle)
-    car = make_vehicle(vehicle, scenarios[1].speed_kmh / 3.6)
+    car = VEHICLES[vehicle](scenarios[1].speed_kmh / 3.6)
     for k, plan in enumerate(drive.plans):
         np.testing.assert_array_equal(drive.actions[k], action_of(car.forecast(plan, ACTION_TIMES)))
         np.testing.assert_array_equal(drive.poses[k + 1], car.step(plan))

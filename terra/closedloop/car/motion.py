@@ -1,5 +1,4 @@
-"""How a policy's plan becomes the car's motion: a :class:`Vehicle` per drive, its :class:`Tracker` (pure pursuit on
-the plan's path, a speed loop on its timing)."""
+"""How a plan becomes the car's motion: a :class:`Vehicle` per drive and its :class:`Tracker` (pure pursuit)."""
 
 from __future__ import annotations
 
@@ -177,12 +176,7 @@ class ExactVehicle:
         return self.pose
 
 
-VEHICLES = {"bicycle": BicycleVehicle, "exact": ExactVehicle}  # the loop's ``vehicle`` setting
-
-
-def make_vehicle(kind: str, speed: float) -> Vehicle:
-    """A new vehicle of ``kind`` (a name of :data:`VEHICLES`) at ``speed`` m/s."""
-    return VEHICLES[kind](speed)
+VEHICLES = {"bicycle": BicycleVehicle, "exact": ExactVehicle}  # the loop's ``vehicle`` setting: its class by name
 
 
 def action_of(poses: np.ndarray) -> np.ndarray:

@@ -20,7 +20,7 @@ from terra.closedloop.car.motion import VEHICLES
 from terra.closedloop.car.motion import Actuation
 from terra.closedloop.gym.spaces import (ACTION_MODES, REWARDS, action_space, checked_frame, observation,
                                          observation_space, read_action, reward_of)
-from terra.closedloop.loop import Drive, DriveSpec, close_drive, start_drive
+from terra.closedloop.loop import Drive, DriveSpec, close_drives, start_drive
 from terra.closedloop.outcomes.truth import truth_metrics
 from terra.closedloop.plans import Plan
 from terra.closedloop.recording.config import DriveRunConfig
@@ -84,11 +84,10 @@ def env_scenarios(world: Any, scenarios: Any, num_scenarios: int, scenario_seed:
             raise TerraInputError(f"world: a {type(world).__name__} is not a World (no callable {', '.join(missing)});"
                                   f" pass world='{TRUTH}' or a World such as ModelWorld(pipeline)")
     if scenarios is None:
-        size = image_size if isinstance(image_size, (list, tuple)) else None
-        if size is None or len(size) != 2:
+        if not isinstance(image_size, (list, tuple)) or len(image_size) != 2:
             raise TerraInputError(f"image_size must be (height, width), e.g. image_size={IMAGE_SIZE} (got "
                                   f"{image_size!r})")
-        size = tuple(check_whole_number(n, "image_size", 8, f"image_size={IMAGE_SIZE}", MAX_PIXELS) for n in size)
+        size = tuple(check_whole_number(n, "image_size", 8, f"image_size={IMAGE_SIZE}", MAX_PIXELS) for n in image_size)
         scenarios = SyntheticScenarios(SETTINGS["num_scenarios"].check(num_scenarios),
                                        SETTINGS["scenario_seed"].check(scenario_seed), size)
     else:
@@ -165,16 +164,12 @@ class EnvDrives:
             for k, frame in enumerate(drive.frames):
                 checked_frame(frame, self.size, drive.world, f"context_frames (frame {k})")
         except TerraInputError:
-            close_drive(self.world, drive)
+            close_drives(self.world, [drive])
             raise
         return drive
 
-    def command(self, drive: Drive, action: Any, where: str = "action") -> tuple[Plan | Actuation, np.ndarray]:
-        """A step's ``action`` checked (spaces ``read_action``); the car does not move yet."""
-        return read_action(self.action_mode, drive, action, where)
-
     def step(self, drives: list[Drive], commands: Sequence[tuple[Plan | Actuation, np.ndarray]]) -> list[tuple]:
-        """Step ``drives`` by their checked ``commands`` (:meth:`command`); each one's reward, ends and info."""
+        """Step ``drives`` by their checked ``commands`` (``read_action``); each one's reward, ends and info."""
         for drive, (plan, action) in zip(drives, commands):
             drive.command(plan, action)
         frames = self.world.step([d.handle for d in drives], [d.actions[-1] for d in drives],
@@ -232,10 +227,8 @@ class DriveEnv(gym.Env):
         return observation(self.drive), {"scenario": self.drive.spec.scenario.id}
 
     def step(self, action):
-        refuse_closed(self.closed, "step")
-        if self._needs_reset is not None:
-            raise ResetNeeded(f"call reset() before step(): {self._needs_reset}")
-        command = self._drives.command(self.drive, action)
+        refuse_closed(self.closed, "step", self._needs_reset)
+        command = read_action(self._drives.action_mode, self.drive, action)
         self._needs_reset = "the world failed the last step"  # until the step is whole
         [(reward, terminated, truncated, info)] = self._drives.step([self.drive], [command])
         self._needs_reset = "the drive ended (terminated or truncated)" if terminated or truncated else None
@@ -251,7 +244,7 @@ class DriveEnv(gym.Env):
 
     def _end_drive(self) -> None:
         if self.drive is not None:
-            close_drive(self._drives.world, self.drive)
+            close_drives(self._drives.world, [self.drive])
             self.drive = None
 
 
@@ -301,20 +294,18 @@ class DriveVectorEnv(VectorEnv):
 
     def _reopen(self, i: int, index: int | None = None) -> None:
         if self.drives[i] is not None:
-            close_drive(self._drives.world, self.drives[i])
+            close_drives(self._drives.world, [self.drives[i]])
         self.drives[i] = self._drives.open(self._rngs[i], index)
 
     def step(self, actions):
-        refuse_closed(self.closed, "step")
-        if self._needs_reset is not None:
-            raise ResetNeeded(f"call reset() before step(): {self._needs_reset}")
+        refuse_closed(self.closed, "step", self._needs_reset)
         count = None if isinstance(actions, (str, bytes, dict)) or not hasattr(actions, "__len__") else len(actions)
         if count != self.num_envs:
             raise InvalidAction(f"step() got {'no batch of' if count is None else count} actions for {self.num_envs} "
                                 "envs; give one action per env")
         going = [i for i in range(self.num_envs) if not self._ended[i]]
         # all checked before any moves
-        commands = [self._drives.command(self.drives[i], actions[i], f"action {i}") for i in going]
+        commands = [read_action(self._drives.action_mode, self.drives[i], actions[i], f"action {i}") for i in going]
         rewards = np.zeros(self.num_envs)
         terminated = np.zeros(self.num_envs, dtype=bool)
         truncated = np.zeros(self.num_envs, dtype=bool)
@@ -334,10 +325,8 @@ class DriveVectorEnv(VectorEnv):
         return tuple(np.array(d.frames[-1]) for d in self.drives if d is not None)  # copies: the records stay
 
     def close_extras(self, **kwargs: Any) -> None:
-        for i, drive in enumerate(self.drives):
-            if drive is not None:
-                close_drive(self._drives.world, drive)
-                self.drives[i] = None
+        close_drives(self._drives.world, [d for d in self.drives if d is not None])
+        self.drives = [None] * self.num_envs
 
 
 def check_render_mode(render_mode: Any) -> str | None:
@@ -346,10 +335,12 @@ def check_render_mode(render_mode: Any) -> str | None:
     return render_mode
 
 
-def refuse_closed(closed: bool, call: str) -> None:
-    """``ClosedEnvironmentError`` in one line for a ``call`` on a closed env."""
+def refuse_closed(closed: bool, call: str, needs_reset: str | None = None) -> None:
+    """``ClosedEnvironmentError`` for a ``call`` on a closed env, ``ResetNeeded`` while ``needs_reset`` says why."""
     if closed:
         raise ClosedEnvironmentError(f"{call}() on a closed env: make a new one (gymnasium.make) after close()")
+    if needs_reset is not None:
+        raise ResetNeeded(f"call reset() before step(): {needs_reset}")
 
 
 if ENV_ID not in gym.registry:  # gymnasium's registry: make() and make_vec() find the envs by id

@@ -84,8 +84,6 @@ def read_action(mode: str, drive: Drive, action: Any, where: str = "action") -> 
             command = actuation_of(action, drive.vehicle.params)
         else:
             command = as_plan(np.asarray(action, dtype=np.float64) if isinstance(action, np.ndarray) else action)
-            if command is action:  # the caller's own Plan: copied, so that changing it later changes no record
-                command = Plan(poses=command.poses, times=command.times, actions=command.actions)
             within_space(command)
         return command, drive.action_for(command)
     except (TerraInputError, TypeError, ValueError) as err:

@@ -137,8 +137,7 @@ RANDOM_POLICIES = frozenset({"lane_follower_noisy"})  # their factories take the
 PROBE_POLICIES: dict[str, Callable[[], Policy]] = {
     "brake_hard": lambda: LaneFollower(0.0, accel_mps2=BRAKE_HARD_MPS2, name="brake_hard"),
 }
-# The reference policies that read no pixels: baselines, left out of the fidelity verdict's ranking
-# and out of all_pixel.
+# The reference policies that read no pixels: left out of the fidelity verdict's ranking and of all_pixel
 NO_PIXELS = frozenset(CONTRACT_POLICIES)
 PIXEL_POLICIES = tuple(name for name in REFERENCE_POLICIES if name not in NO_PIXELS)
 
@@ -211,9 +210,7 @@ def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | 
             return NavsimPolicy(build(), name)
 
         return agent
-    if entry in PROBE_POLICIES:
-        return PROBE_POLICIES[entry]
-    if entry not in REFERENCE_POLICIES:
+    if entry not in REFERENCE_POLICIES and entry not in PROBE_POLICIES:
         close = did_you_mean(entry, [*REFERENCE_POLICIES, *PROBE_POLICIES, *EXPANSIONS])
         raise TerraInputError(f"policies: unknown policy {entry!r}{close}; use one of {', '.join(REFERENCE_POLICIES)}, "
                               f"{', '.join(PROBE_POLICIES)}, "

@@ -77,9 +77,7 @@ class EgodriverPolicy:
             else target
         self._own = isinstance(target, str) if own_channel is None else own_channel
         self._stub = EgodriverServiceStub(self._channel)
-        self.timeout_s = timeout_s
-        self.image_format = image_format
-        self.seed = seed
+        self.timeout_s, self.image_format, self.seed = timeout_s, image_format, seed
         self.session = ""
         self._start_us = 0  # the first decision's time: the last context frame's
         self._history = np.zeros((0, 6))  # the context's ego history (context_motion), sent with the first plan

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, List, Mapping, Optional
 
 import numpy as np
@@ -32,8 +32,7 @@ class TrajectorySampling:
     interval_length: Optional[float] = None
 
     def __post_init__(self) -> None:
-        given = {k: v for k, v in (("num_poses", self.num_poses), ("time_horizon", self.time_horizon),
-                                   ("interval_length", self.interval_length)) if v is not None}
+        given = {k: v for k, v in asdict(self).items() if v is not None}
         where = "trajectory_sampling: "
         if len(given) < 2:
             raise TerraInputError(f"{where}give two of num_poses, time_horizon and interval_length (got "
@@ -142,15 +141,6 @@ def sampling_class() -> type:
         return TrajectorySampling
 
 
-def agent_class(entry: str, timeout_s: float) -> type:
-    """The NAVSIM agent class a ``policies`` entry ``navsim:MODULE:CLASS`` names, imported within ``timeout_s``."""
-    module, _, name = entry[len("navsim:"):].rpartition(":")
-    where = f"policies: cannot load the NAVSIM agent {entry!r}"
-    if not module or not name:
-        raise TerraInputError(f"{where}: give navsim:package.module:Class")
-    return user_class(module, name, where, "give navsim:package.module:Class", timeout_s)
-
-
 def _signature(cls: type) -> inspect.Signature | None:
     """``cls``'s signature (None for a class whose signature Python cannot tell: built with the arguments given)."""
     try:
@@ -161,9 +151,12 @@ def _signature(cls: type) -> inspect.Signature | None:
 
 def agent_factory(entry: str, args: Mapping[str, Any] | None = None, timeout_s: float = 30.0) -> Callable[[], Any]:
     """A per-drive builder of the agent ``navsim:MODULE:CLASS`` with keyword ``args``, checked now by building one."""
-    cls = agent_class(entry, timeout_s)
-    name = cls.__name__
+    module, _, attribute = entry[len("navsim:"):].rpartition(":")
     where = f"policies: cannot load the NAVSIM agent {entry!r}"
+    if not module or not attribute:
+        raise TerraInputError(f"{where}: give navsim:package.module:Class")
+    cls = user_class(module, attribute, where, "give navsim:package.module:Class", timeout_s)
+    name = cls.__name__
     args = dict(args or {})
     try:  # reading a class's signature may run its code (a metaclass): behind the boundary too
         signature = UserCall(f"{where}: reading {name}", "its signature", _signature, cls).returned(timeout_s)

@@ -113,10 +113,8 @@ class LaneFollower:
 
     def __init__(self, cruise_speed_mps: float = 8.0, detect: Detector = find_lane,
                  steer: SteeringLaw = PurePursuit(), accel_mps2: float = 1.5, name: str = "lane_follower") -> None:
-        self.name = name
-        self.cruise_speed_mps = cruise_speed_mps
+        self.name, self.cruise_speed_mps, self.accel_mps2 = name, cruise_speed_mps, accel_mps2
         self.detect, self.steer = detect, steer
-        self.accel_mps2 = accel_mps2
         self.curvature = 0.0
 
     def reset(self, scenario) -> None:

@@ -1,5 +1,4 @@
-"""A ``terra-drive`` run from its checked settings: worlds opened once on the run's device, scenarios read, every
-drive made and recorded."""
+"""A ``terra-drive`` run from its checked settings: worlds opened once, scenarios read, drives made and recorded."""
 
 from __future__ import annotations
 
@@ -11,8 +10,8 @@ import numpy as np
 
 from terra.closedloop.loop import DriveSpec, drive_specs
 from terra.closedloop.outcomes.alpasim import scene_scores
-from terra.closedloop.recording.run import (DriveRunner, LocalDrives, Recorded, RunSettings, record_run,
-                                            recorded_drives, specs_of)
+from terra.closedloop.recording.run import (DriveRunner, LocalDrives, RunSettings, record_run, recorded_drives,
+                                            specs_of)
 from terra.closedloop.recording.settings import DriveSettings
 from terra.closedloop.user_world import UserWorld
 from terra.closedloop.worlds import ModelWorld, TRUTH, TrueWorld, World
@@ -134,18 +133,14 @@ def open_worlds(settings: DriveSettings, names: Sequence[str] | None = None, tok
                 opened.worlds[name] = users[name]
             elif name != "model":
                 opened.worlds[name] = settings.other_world(name, size, opened.worlds.get("model"))
+        if settings.estimator is not None:
+            from terra.closedloop.outcomes.plan_following import PlanFollowing
+
+            device = str(spec.device) if "model" in opened.worlds else "cpu"
+            opened.plan_following = PlanFollowing(settings.estimator, device)
     except BaseException:
         opened.close()
         raise
-    if settings.estimator is not None:
-        from terra.closedloop.outcomes.plan_following import PlanFollowing
-
-        device = str(spec.device) if "model" in opened.worlds else "cpu"
-        try:
-            opened.plan_following = PlanFollowing(settings.estimator, device)
-        except BaseException:
-            opened.close()
-            raise
     return opened
 
 
@@ -181,18 +176,6 @@ class Started:
     specs: list[DriveSpec] = field(default_factory=list)
 
 
-def recorded_worlds(settings: DriveSettings, specs: Sequence[DriveSpec], run_settings: RunSettings,
-                    folders: dict[str, Path], ids: dict[str, list[str]]) -> dict[str, Recorded]:
-    """What each world's folder holds of its drives, read once before any world opens."""
-    return {world: recorded_drives(world, specs_of(specs, ids[world]), run_settings, folder, settings.model_settings)
-            for world, folder in folders.items()}
-
-
-def worlds_to_drive(recorded: dict[str, Recorded], also: Sequence[str] = ()) -> list[str]:
-    """The worlds with a drive not yet complete, and ``also`` (worlds a caller drives beyond the recorded run)."""
-    return list(dict.fromkeys([*(world for world, found in recorded.items() if found.todo), *also]))
-
-
 def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: dict[str, Path],
                  ids: dict[str, list[str]], also: Sequence[str] = ()) -> Started:
     """The drives of ``ids`` (world -> drive ids) into ``folders`` made ready."""
@@ -200,7 +183,8 @@ def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: di
 
     tokenizer = load_tokenizer(settings.run.tokenizer)
     specs = load_specs(settings, frame_size(tokenizer))
-    recorded = recorded_worlds(settings, specs, run_settings, folders, ids)
+    recorded = {world: recorded_drives(world, specs_of(specs, ids[world]), run_settings, folder,
+                                       settings.model_settings) for world, folder in folders.items()}
     for world, found in recorded.items():
         if found.redone:
             print(found.line(world), flush=True)
@@ -210,7 +194,8 @@ def start_drives(settings: DriveSettings, run_settings: RunSettings, folders: di
         runner = RayDrives(settings)
         runner.start()  # the actors open the worlds on their devices
         return Started(runner, runner)
-    opened: OpenWorlds = open_worlds(settings, worlds_to_drive(recorded, also), tokenizer)
+    to_drive = dict.fromkeys([*(world for world, found in recorded.items() if found.todo), *also])
+    opened: OpenWorlds = open_worlds(settings, list(to_drive), tokenizer)
     runner = LocalDrives(opened.worlds, specs, settings.model_settings, opened.plan_following, recorded)
     return Started(runner, opened, opened.worlds, specs)
 

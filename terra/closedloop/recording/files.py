@@ -1,5 +1,4 @@
-"""Drives recorded as batch rollouts are: a video and a JSON file per drive, a manifest, resumable; measured and
-written in the loop's process or beside it."""
+"""A drive's files (video, top-down picture, JSON) and manifest line, written here or by writer processes."""
 
 from __future__ import annotations
 
@@ -88,11 +87,8 @@ def topdown_png(drive: Drive) -> bytes:
     points = np.concatenate(shown)
     centre = (points.min(axis=0) + points.max(axis=0)) / 2
     half = np.ptp(points, axis=0).max() / 2 + MARGIN_M
-    axes.set_xlim(centre[0] - half, centre[0] + half)
-    axes.set_ylim(centre[1] - half, centre[1] + half)
-    axes.set_aspect("equal")
-    axes.set_xlabel("x (m)")
-    axes.set_ylabel("y (m)")
+    axes.set(xlim=(centre[0] - half, centre[0] + half), ylim=(centre[1] - half, centre[1] + half), aspect="equal",
+             xlabel="x (m)", ylabel="y (m)")
     axes.set_title(f"{drive.spec.id} ({drive.world})", fontsize=9)
     axes.legend(loc="upper left", fontsize=7)
     figure.tight_layout()
@@ -166,11 +162,8 @@ def paths(output_dir: Path, spec: DriveSpec) -> tuple[Path, Path]:
 
 def completed(output_dir: Path, spec: DriveSpec, inputs: dict[str, str]) -> tuple[dict | None, str | None]:
     """``(record, None)``: the JSON of a complete earlier drive made from ``inputs`` whose files are whole."""
-    video, sidecar = paths(output_dir, spec)
-    if not sidecar.is_file():
-        return None, None
     try:
-        record = load_json(sidecar, "drive record")
+        record = load_json(paths(output_dir, spec)[1], "drive record")  # no file: a TerraInputError too
     except TerraInputError:
         return None, None
     if not (isinstance(record, dict) and record.get("complete")):
@@ -286,7 +279,8 @@ class DriveWriters:
                 if self._write_newest_here():
                     continue
             future, seconds, args = self.pending.popleft()
-            self._emit(self._written(future, args), seconds)
+            content = self._written(future, args)
+            self.emit(manifest_record(content, content["status"], seconds), content)
 
     def _write_newest_here(self) -> bool:
         """Write the newest drive no writer has begun; False when every drive left has begun."""
@@ -319,9 +313,6 @@ class DriveWriters:
         self.pool.shutdown(wait=False, cancel_futures=True)
         self.pool = None
         self.pending = deque((None, seconds, args) for _, seconds, args in self.pending)
-
-    def _emit(self, content: dict, seconds: float) -> None:
-        self.emit(manifest_record(content, content["status"], seconds), content)
 
     def __enter__(self) -> "DriveWriters":
         return self

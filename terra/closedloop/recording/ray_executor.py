@@ -170,7 +170,7 @@ class RayDrives:
         for a in sorted({a for a, _, _ in calls.values()}):
             frames = self._frames(a)
             if frames is not None:
-                recorder.advance(max(0, frames - seen[a]))
+                recorder.bar.update(max(0, frames - seen[a]))
                 seen[a] = max(seen[a], frames)
 
     def _frames(self, a: int) -> int | None:
@@ -185,6 +185,5 @@ class RayDrives:
         ids = self.settings.scenarios.ids
         for index, policy, replica in share:
             content = lost_drive_json(drive_id(ids[index], policy, replica), ids[index], policy, world,
-                                      self.settings.vehicle,
-                                      error)
+                                      self.settings.vehicle, error)
             recorder.add(manifest_record(content, "failed"), content)

@@ -1,5 +1,4 @@
-"""A recorded run of many drives in one world: resume, drive in chunks of ``max_concurrent``, write, manifest, summary.
-"""
+"""A recorded run of many drives in one world: resume, drive in chunks, write, manifest and summary."""
 
 from __future__ import annotations
 
@@ -80,8 +79,7 @@ class RunResult:
         }
 
     def route_line(self) -> str | None:
-        """How many of its drives' steps the world model was told a route, and why the others not; None: all were,
-        or none could be (no drive's world tells routes)."""
+        """How many steps the world model was told a route, and why not the others; None: no world tells routes."""
         verdicts = [v for content in self.drives.values() for v in content.get("route_told") or ()]
         return route_summary(verdicts) if verdicts else None
 
@@ -118,10 +116,6 @@ class RunRecorder:
             tqdm.write(f"drive: {content['drive']} failed ({content['stage']}): {content['error']}", file=sys.stderr)
         for warning in content.get("warnings", []):
             tqdm.write(f"drive: {content['drive']}: warning: {warning}", file=sys.stderr)
-
-    def advance(self, frames: int) -> None:
-        """``frames`` more frames generated (the bar counts steps of drives still going, and ends drives' whole)."""
-        self.bar.update(frames)
 
     def timed(self, timings: LoopTimings, generate_s: float, decode_s: float) -> None:
         """Where the time of some drives went: the loop's ``timings`` and the world's own split."""
@@ -250,8 +244,7 @@ class LocalDrives:
     specs: Sequence[DriveSpec]
     model_settings: dict[str, Any] = field(default_factory=dict)  # part of the model worlds' drives' fingerprints
     plan_following: Any = None  # a terra.closedloop.outcomes.plan_following.PlanFollowing
-    recorded: dict[str, Recorded] = field(default_factory=dict)  # world -> its folder as read before the worlds were
-    # opened, each used once instead of reading the folder again
+    recorded: dict[str, Recorded] = field(default_factory=dict)  # world -> its folder as read before it opened (once)
 
     def record(self, world: str, drive_ids: Sequence[str], settings: RunSettings, folder: Path,
                recorder: RunRecorder) -> None:
@@ -269,7 +262,7 @@ class LocalDrives:
         before = (made.generate_s, made.decode_s)
         try:
             record_drives(made, specs, settings, folder, self.model_settings, self.plan_following, recorder.add,
-                          recorder.advance, timings, recorded)
+                          recorder.bar.update, timings, recorded)
         finally:
             recorder.timed(timings, made.generate_s - before[0], made.decode_s - before[1])
 

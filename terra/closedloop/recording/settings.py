@@ -27,8 +27,7 @@ from terra.config.schema import check_schema
 from terra.config.spec import RunSpec, run_spec
 from terra.core.errors import TerraInputError
 
-WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class;
-# both: the fidelity study, which wraps this run
+WORLDS = ("model", "truth", "both")  # or a world of the user's, module:Class; both: the fidelity study
 DEMO_STEPS = 20  # num_steps=null: 2 s drives (the study's own default: settings)
 OtherWorld = Callable[[str, tuple[int, int], Any], World]  # (name, frame size, the model world or None) -> a world
 
@@ -41,8 +40,7 @@ class DriveSettings:
     policies: dict[str, Callable[[], Policy]]  # name -> a factory of the policy (one instance per drive)
     policy_args: dict[str, dict]  # name -> the keyword arguments the policy is built with (NAVSIM agents' navsim_args)
     scenarios: ScenarioSource
-    drives: tuple[tuple[int, str, int], ...]  # this shard's drives (of any of its worlds): (scenario index,
-    # policy name, replica), scenario by scenario
+    drives: tuple[tuple[int, str, int], ...]  # this shard's (scenario index, policy name, replica), by scenario
     num_seeds: int  # drives of each scenario x policy, each with a seed of its own
     world: str  # model | truth | both | a user world's name (module.Class)
     worlds: tuple[str, ...]  # the worlds this run drives in, in order (a study's: the model, the truth, the controls)
@@ -89,8 +87,7 @@ class DriveSettings:
                            max_concurrent=self.max_concurrent, resume=self.resume, progress=progress,
                            manifest=manifest_name(shard_index=self.shard_index, num_shards=self.num_shards),
                            vehicle=self.vehicle, videos=self.videos, writer_processes=self.writer_processes,
-                           model_worlds=self.model_worlds,
-                           measure_on=self.run.device)
+                           model_worlds=self.model_worlds, measure_on=self.run.device)
 
 
 def checked_run(cfg: DictConfig) -> DriveSettings:
@@ -116,13 +113,12 @@ def checked_run(cfg: DictConfig) -> DriveSettings:
     elif world not in WORLDS:
         raise TerraInputError(f"unknown world {shown(world)}{did_you_mean(world, WORLDS)}; choose one of: "
                               f"{', '.join(WORLDS)}, or package.module:Class (a world of your own: docs/drive.md)")
-    setting = str(values["scenarios"])
     executor = check_executor(values["executor"])
     ray = RaySettings.parse(select(cfg, "ray"))
     image_root = values["image_root"]
     if image_root is not None and not Path(str(image_root)).expanduser().is_dir():
         raise TerraInputError(f"image_root={image_root} is not a folder; point it at the context frames' root")
-    scenarios = scenario_source(setting, values["num_scenarios"], values["scenario_seed"],
+    scenarios = scenario_source(str(values["scenarios"]), values["num_scenarios"], values["scenario_seed"],
                                 None if image_root is None else str(image_root))
     road = values["road"]
     run = run_spec(cfg)
@@ -139,11 +135,6 @@ def checked_run(cfg: DictConfig) -> DriveSettings:
         values["vehicle"], num_steps, values["seed"], timeout_s, values["max_concurrent"], values["writer_processes"],
         values["resume"], values["progress"], estimator, shard, shards, executor, ray, values["videos"], None,
         road=road if road == SCENE_ROAD else str(Path(road).expanduser()))
-
-
-def shard_of(settings: DriveSettings, drives: Sequence[tuple[int, str, int]]) -> tuple[tuple[int, str, int], ...]:
-    """This shard's ``drives``: drive k to shard k % num_shards."""
-    return checked_shard(settings, drives[settings.shard_index::settings.num_shards], len(drives))
 
 
 def checked_shard(settings: DriveSettings, mine: Sequence[tuple[int, str, int]], total: int
@@ -169,7 +160,8 @@ def drive_settings(cfg: DictConfig, output_dir: str | Path) -> DriveSettings:
     settings = checked_run(cfg)
     if settings.world == "both":
         raise ValueError("world=both is the fidelity study: terra_drive_settings checks its settings")
-    settings = replace(settings, drives=shard_of(settings, settings.drives))
+    mine = settings.drives[settings.shard_index::settings.num_shards]  # drive k to shard k % num_shards
+    settings = replace(settings, drives=checked_shard(settings, mine, len(settings.drives)))
     manifest = manifest_name(shard_index=settings.shard_index, num_shards=settings.num_shards)
     output = claim_drive_folder(output_dir, settings.drive_ids, settings.videos, manifest=manifest,
                                 inputs=run_inputs(settings))

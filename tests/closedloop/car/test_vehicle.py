@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from terra.closedloop.outcomes.mapless import kinematics
-from terra.closedloop.car.motion import BicycleVehicle, ExactVehicle, Vehicle, action_of, make_vehicle
+from terra.closedloop.car.motion import VEHICLES, BicycleVehicle, ExactVehicle, Vehicle, action_of
 from terra.closedloop.plans import Plan
 from terra.closedloop.car.vehicle import VehicleParams
 from terra.core.errors import TerraInputError
@@ -55,7 +55,7 @@ def realized_decel(poses: np.ndarray) -> float:
 def test_a_planned_deceleration_is_realized_within_10_percent(decel, seconds, sampling, kind):
     # From 10 m/s, NAVSIM / 10 Hz plans: the bicycle realizes 0.990 / 0.990 at 1 m/s^2 and 1.956 / 1.963 at 2 m/s^2
     # (the actuator's 0.1 s lag costs the first steps), the exact follower 1.000 / 1.000 and 2.016 / 2.000.
-    poses = drive(make_vehicle(kind, 10.0), braking(decel, *SAMPLINGS[sampling]), round(seconds / 0.1))
+    poses = drive(VEHICLES[kind](10.0), braking(decel, *SAMPLINGS[sampling]), round(seconds / 0.1))
     assert realized_decel(poses) == pytest.approx(decel, rel=0.1 if kind == "bicycle" else 0.01)
 
 
@@ -137,9 +137,9 @@ def test_a_path_without_headings_keeps_its_direction(sampling, kind):
     0.0056 rad in the first frame, the exact follower by 0.02 / 0.1 rad) and after 6 s heads 0.1 rad left (within
     0.002 rad) on the line (within 1 cm); its forecast at 2.95 s lies 0.1 rad left (0.0999 to 0.1000)."""
     plan = line(0.1, 8.0, *SAMPLINGS[sampling])
-    forecast = make_vehicle(kind, 8.0).forecast(plan(np.zeros(3), 8.0), ACTION_TIMES)
+    forecast = VEHICLES[kind](8.0).forecast(plan(np.zeros(3), 8.0), ACTION_TIMES)
     assert math.atan2(forecast[-1, 1], forecast[-1, 0]) == pytest.approx(0.1, abs=0.002)
-    poses = drive(make_vehicle(kind, 8.0), plan, 60)
+    poses = drive(VEHICLES[kind](8.0), plan, 60)
     assert poses[1, 2] > 0.005 and poses[1, 1] > 0.0
     assert poses[-1, 2] == pytest.approx(0.1, abs=0.002)
     assert abs(poses[-1, 1] * math.cos(0.1) - poses[-1, 0] * math.sin(0.1)) < 0.01
@@ -204,7 +204,7 @@ def test_a_stop_plan_ends_at_rest_without_reversing(kind):
         decel = speed * speed / (2 * left) if left > 1e-3 else 1.0
         return braking(decel, 0.1, 40)(pose, speed) if speed > 0 else Plan.trajectory(np.zeros((40, 2)), dt=0.1)
 
-    car = make_vehicle(kind, 10.0)
+    car = VEHICLES[kind](10.0)
     poses = drive(car, to_line, 100)
     assert car.speed == 0.0 and abs(poses[-1, 0] - 20.0) < 0.2
     assert np.all(np.diff(poses[:, 0]) >= 0.0) and np.abs(poses[:, 1:]).max() < 1e-9
@@ -231,12 +231,12 @@ def test_the_exact_follower_reproduces_a_10_hz_plan():
 @pytest.mark.parametrize("kind", ["bicycle", "exact"])
 def test_forecast_leaves_the_car_where_it_is_and_step_is_its_first_frame(kind):
     plan = circle(30.0, 8.0, 0.5, 8)(np.zeros(3), 8.0)
-    car = make_vehicle(kind, 8.0)
+    car = VEHICLES[kind](8.0)
     car.step(plan)
     before = (car.pose, car.speed, getattr(car, "state", None))
     forecast = car.forecast(plan, np.r_[ACTION_TIMES, 0.1])
     assert np.array_equal(car.pose, before[0]) and car.speed == before[1] and getattr(car, "state", None) == before[2]
-    fresh = make_vehicle(kind, 8.0)
+    fresh = VEHICLES[kind](8.0)
     np.testing.assert_allclose(fresh.forecast(plan, [0.1])[0], fresh.step(plan), atol=1e-12)
     assert forecast.shape == (7, 3)
     action = action_of(forecast[:6])

@@ -11,7 +11,7 @@ gymnasium = pytest.importorskip("gymnasium")
 from gymnasium.utils.env_checker import check_env  # noqa: E402
 
 from terra.closedloop.gym.env import DriveEnv, DriveVectorEnv  # noqa: E402
-from terra.closedloop.car.motion import make_vehicle  # noqa: E402
+from terra.closedloop.car.motion import VEHICLES  # noqa: E402
 from terra.closedloop.plans import as_plan  # noqa: E402
 from terra.closedloop.scenarios import synthetic_scenarios  # noqa: E402
 from terra.closedloop.worlds import ModelWorld, TrueWorld  # noqa: E402
@@ -45,7 +45,7 @@ def test_drive_env_passes_check_env_on_true_frames(vehicle):
     obs, info = env.reset(seed=5, options={"scenario": 2})
     assert obs["frame"].shape == (*SIZE, 3) and info["scenario"].endswith("002")
     straight = np.c_[4.0 * np.arange(1, 9), np.zeros((8, 2))]  # 8 m/s straight ahead
-    car = make_vehicle(vehicle, scenarios[2].speed_kmh / 3.6)
+    car = VEHICLES[vehicle](scenarios[2].speed_kmh / 3.6)
     rewards, driven, truncated = [], [], False
     while not truncated:
         obs, reward, terminated, truncated, info = env.step(straight)
