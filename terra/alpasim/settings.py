@@ -49,19 +49,11 @@ class AlpasimConfig(RunConfig):
     alpasim: AlpasimBlock = setting(AlpasimBlock(), "")
 
 
-@dataclass(frozen=True)
-class AlpasimSettings:
+@dataclass
+class AlpasimSettings(AlpasimBlock):
     """Where the server listens, the limits that keep one rollout from hurting the others, and the frames' format."""
 
-    host: str = AlpasimBlock.host
-    port: int = AlpasimBlock.port
-    token: str | None = None
-    max_sessions: int = AlpasimBlock.max_sessions
-    max_frames: int = AlpasimBlock.max_frames
-    max_image_pixels: int = AlpasimBlock.max_image_pixels
-    idle_timeout_s: float = AlpasimBlock.idle_timeout_s
-    image_format: str = AlpasimBlock.image_format
-    jpeg_quality: int = AlpasimBlock.jpeg_quality
+    token: Any = None  # a program gives its own; the config reads TERRA_ALPASIM_TOKEN
 
     def __post_init__(self) -> None:
         for name, item in block_settings(AlpasimBlock, "alpasim").items():

@@ -122,32 +122,15 @@ class ServeConfig(RunConfig):
     serve: ServeBlock = setting(ServeBlock(), "")
 
 
-@dataclass(frozen=True)
-class ServeSettings:
+@dataclass
+class ServeSettings(ServeBlock):
     """Where the server listens and the limits that keep one client from hurting the others."""
 
-    host: str = ServeBlock.host
-    port: int = ServeBlock.port
-    token: str | None = None
-    max_sessions: int = ServeBlock.max_sessions
-    idle_timeout_s: float = ServeBlock.idle_timeout_s
-    max_frames: int = ServeBlock.max_frames
-    max_request_bytes: int = ServeBlock.max_request_bytes
-    max_message_bytes: int = ServeBlock.max_message_bytes
-    max_queued_steps: int = ServeBlock.max_queued_steps
-    drive_window: int = ServeBlock.drive_window
-    send_timeout_s: float = ServeBlock.send_timeout_s
-    image_format: str = ServeBlock.image_format
-    jpeg_quality: int = ServeBlock.jpeg_quality
-    log_level: str = ServeBlock.log_level
-    roads: str | None = None
-    allowed_hosts: tuple[str, ...] = ()
-    allowed_origins: tuple[str, ...] = ()
-    cors: bool = ServeBlock.cors
+    token: Any = None  # a program gives its own; the config reads TERRA_SERVE_TOKEN
 
     def __post_init__(self) -> None:
         for name, item in block_settings(ServeBlock, "serve").items():
-            object.__setattr__(self, name, item.check(getattr(self, name)))
+            setattr(self, name, item.check(getattr(self, name)))
         if not isinstance(self.host, str) or not self.host:
             raise TerraInputError(f"serve.host must be an address or host name (got {self.host!r})")
         check_token(self.token, "serve.token", "TERRA_SERVE_TOKEN")
@@ -169,7 +152,7 @@ class ServeSettings:
         if self.roads is not None and not (isinstance(self.roads, str) and Path(self.roads).expanduser().is_dir()):
             raise TerraInputError(f"serve.roads={shown(self.roads, 200)} is not a folder; give a folder of road files "
                                   "(.json, .csv, a clipgt .zip) that sessions name, or leave it null")
-        object.__setattr__(self, "allowed_origins", origins)
+        self.allowed_origins = origins
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any]) -> "ServeSettings":
