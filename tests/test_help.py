@@ -50,7 +50,7 @@ def test_help_names_the_settings_choices_and_docs_page(prog, tmp_path):
     assert f"Docs: {DOCS[prog]}" in page
     text = (ROOT / "conf" / f"{config_of(prog)}.yaml").read_text()
     flat = re.sub(r"\s*\n\s*# ", " ", page)
-    for item in schema_settings(PAGES[config_of(prog)].schema_class()):  # every field, with its help and bounds
+    for item in schema_settings(PAGES[config_of(prog)].schema_class()).values():  # every field, its help, bounds
         assert f"\n{item.key}: " in page and item.help in flat and item.bounds() in flat, item.key
     config = yaml.safe_load(text)  # the config file: the schema first, the groups, Hydra's block; no setting twice
     assert set(config) == {"defaults", "hydra"} and config["defaults"][0] == f"{config_of(prog)}_schema"

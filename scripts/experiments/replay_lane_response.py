@@ -51,7 +51,7 @@ from bench.lib.cli import Parser, check_output, exit_2_on_input_error, existing,
 TOLD = ("forecast", "driven", "held")
 FUTURE_STEPS = int(np.ceil(ACTION_TIMES[-1] * FRAME_RATE_HZ))  # the steps of poses an action reads past its own
 BOOTSTRAPS = 2000
-DRIVE = {item.key: item.range for item in schema_settings(DriveRunConfig)}  # terra-drive's bounds
+DRIVE = {key: item.range for key, item in schema_settings(DriveRunConfig).items()}  # terra-drive's bounds
 MAX_FRAMES, MAX_SCENARIOS = int(DRIVE["num_steps"].high), int(DRIVE["num_scenarios"].high)
 
 

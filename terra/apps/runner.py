@@ -249,7 +249,7 @@ def console_script(app: Callable[[], None], prog: str, extras: tuple[str, ...] =
     def main() -> None:
         run_app(app, prog, extras)
 
-    main.__doc__ = f"``{prog}``: runs the app and ends as terra/apps/runner.py's ``run_app`` says."
+    main.__doc__ = f"The ``{prog}`` command."
     return main
 
 

@@ -266,7 +266,7 @@ def claim_output(spec: BatchSpec) -> OutputDir:
 
 def _batch_spec(run: RunSpec, own: dict[str, Any], record: dict) -> BatchSpec:
     """The batch's own settings (``own``, by name) checked beside the checked ``run``."""
-    items = {item.key: item for item in schema_settings(RolloutConfig)}
+    items = schema_settings(RolloutConfig)
     own = {name: items[KEYS.get(name, name)].check(value) if KEYS.get(name, name) in items else value
            for name, value in own.items()}
     if own["overlay_trajectory"] is None:

@@ -96,32 +96,32 @@ def _type_name(kind: Any) -> str:
     return names.get(kind, getattr(kind, "__name__", str(kind)))
 
 
-def schema_settings(schema: type, prefix: str = "") -> list[Setting]:
-    """Every field of ``schema``, nested blocks flattened to dotted keys, in the order written."""
+def schema_settings(schema: type, prefix: str = "") -> dict[str, Setting]:
+    """Every field of ``schema`` by its dotted key (nested blocks flattened), in the order written."""
     hints = typing.get_type_hints(schema)
-    found = []
+    found = {}
     for field in dataclasses.fields(schema):
         kind, key = hints[field.name], f"{prefix}{field.name}"
         if field.metadata.get("group"):
             continue
         if dataclasses.is_dataclass(kind):
-            found += schema_settings(kind, f"{key}.")
+            found.update(schema_settings(kind, f"{key}."))
             continue
         default = field.default_factory() if field.default is dataclasses.MISSING else field.default
-        found.append(Setting(key, default, field.metadata.get("help", ""), kind, field.metadata.get("range"),
+        found[key] = Setting(key, default, field.metadata.get("help", ""), kind, field.metadata.get("range"),
                              field.metadata.get("choices"), field.metadata.get("check"),
-                             field.metadata.get("flag", False)))
+                             field.metadata.get("flag", False))
     return found
 
 
 def block_settings(block: type, name: str) -> dict[str, Setting]:
     """The settings of the block ``name`` (keyed ``name.field``) by their field names."""
-    return {item.key.removeprefix(f"{name}."): item for item in schema_settings(block, f"{name}.")}
+    return {key.removeprefix(f"{name}."): item for key, item in schema_settings(block, f"{name}.").items()}
 
 
 def check_schema(cfg: Any, schema: type) -> dict[str, Any]:
     """Every setting of ``schema`` in ``cfg`` (an OmegaConf config or nested mappings), checked, by dotted key."""
-    return {item.key: item.check(select(cfg, item.key)) for item in schema_settings(schema)}
+    return {key: item.check(select(cfg, key)) for key, item in schema_settings(schema).items()}
 
 
 def refusal(schema: type, key: str, value: Any) -> str | None:
@@ -138,7 +138,7 @@ def refusal(schema: type, key: str, value: Any) -> str | None:
         except TerraInputError as err:
             return str(err)
         return None
-    item = next((item for item in schema_settings(schema) if item.key == key), None)
+    item = schema_settings(schema).get(key)
     return item.refusal(value) if item is not None else None
 
 
@@ -152,7 +152,7 @@ def _yaml(value: Any) -> str:
 
 def settings_help(schema: type, width: int) -> str:
     """``key: default  # help; bounds`` lines, one per setting of ``schema``, wrapped at ``width`` columns."""
-    items = schema_settings(schema)
+    items = schema_settings(schema).values()
     heads = [f"{item.key}: {_yaml(item.default)}" for item in items]
     column = min(max(len(head) for head in heads), 32) + 2
     lines = []

@@ -73,7 +73,7 @@ def test_the_documented_reader_reads_a_frame_message():
 
 
 def test_the_quoted_defaults_are_the_schemas():
-    settings = {item.key: item.default for item in schema_settings(ServeBlock)}
+    settings = {key: item.default for key, item in schema_settings(ServeBlock).items()}
     quoted = re.findall(r"`serve\.(\w+)` \((\d+)( s| KiB)?\)", section())
     assert len(quoted) >= 4, quoted
     for name, value, unit in quoted:

@@ -34,7 +34,7 @@ from terra.core.errors import TerraInputError
 RESET_OPTIONS = ("scenario",)  # what reset(options=...) takes
 IMAGE_SIZE = (72, 128)  # the synthetic scenarios' frames (height, width) when none are given
 MAX_PIXELS = 4096  # largest image_size side
-SETTINGS = {item.key: item for item in schema_settings(DriveRunConfig)}  # terra-drive's, checked alike
+SETTINGS = schema_settings(DriveRunConfig)  # terra-drive's, checked alike
 KEPT_SCENARIOS = 64  # synthetic scenarios an env keeps built (each is built again when asked for after)
 
 

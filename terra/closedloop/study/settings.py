@@ -26,7 +26,7 @@ from terra.core.device import usable_cores
 from terra.core.errors import TerraInputError
 
 ROUND_SETTINGS = ("num_scenarios", "exploitability", "until", "until_minutes", "until_scenarios")  # a round's own
-FIELDS = {item.key: item for item in schema_settings(DriveConfig)}  # terra-drive's settings by key
+FIELDS = schema_settings(DriveConfig)  # terra-drive's settings by key
 FIDELITY_STEPS = 200  # num_steps=null: 20 s drives (AlpaSim's ``duration_frac_20s``)
 
 
