@@ -25,8 +25,8 @@ from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from terra.tokenizer.base import TrainOutput, WEIGHTS_NAME
 from terra.tokenizer.images import load_frames
 from terra.training.checkpoint import discard, swap_in
-from terra.training.tokenizer_settings import (CHECKPOINT, DiscriminatorSpec, FramesSpec, LOG, SUMMARY,
-                                               TokenizerModelSpec, TokenizerTrainSpec)
+from terra.training.tokenizer_settings import (CHECKPOINT, LOG, SUMMARY, DataBlock, DiscBlock, ModelBlock,
+                                               TokenizerTrainSpec)
 
 
 class PatchDiscriminator(nn.Module):
@@ -126,12 +126,12 @@ TOKENIZERS: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQToke
 STATE = "training_state.pt"  # in a checkpoint, written last
 
 
-def build_tokenizer(model: TokenizerModelSpec) -> ImageTokenizer:
+def build_tokenizer(model: ModelBlock) -> ImageTokenizer:
     return TOKENIZERS[model.family].from_config(model.config, "model.config",
                                                 "fix the model.config settings (conf/train_tokenizer/model/)")
 
 
-def training_frames(data: FramesSpec, image_size: tuple[int, int], output_dir: Path) -> np.ndarray:
+def training_frames(data: DataBlock, image_size: tuple[int, int], output_dir: Path) -> np.ndarray:
     """All training frames, uint8 ``[N, H, W, 3]`` at the tokenizer's size."""
     if data.source == "folder":
         return load_frames(data.path, image_size)
@@ -210,7 +210,7 @@ class Trainees:
         return saved
 
 
-def _check_disc_depth(disc: DiscriminatorSpec, image_size: tuple[int, int]) -> None:
+def _check_disc_depth(disc: DiscBlock, image_size: tuple[int, int]) -> None:
     """Check ``disc.layers`` leaves the discriminator patches to judge."""
     side = min(image_size)
     if patch_grid_side(side, disc.layers) < 1:
@@ -279,7 +279,7 @@ def train(spec: TokenizerTrainSpec) -> dict[str, Any]:
 
 def _train(spec: TokenizerTrainSpec) -> dict[str, Any]:
     t0 = time.monotonic()
-    run, output_dir = spec.train, spec.train.output_dir
+    run, output_dir = spec.train, spec.train.output.path
     device = torch.device(resolve_device(run.device))
     torch.manual_seed(run.seed)
     if device.type == "cuda":
