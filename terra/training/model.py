@@ -16,7 +16,7 @@ from terra.models.checkpoint import read_world_model_config
 from terra.training.data import TrainingData
 from terra.training.distributed import Processes, parallelize
 from terra.training.objective import WindowLoss
-from terra.training.settings import LoraSpec, TrainSpec
+from terra.training.settings import LoraBlock, TrainSpec
 
 
 LORA_EXTRA_MODULES = {"train_action_projection": "action_projection",
@@ -95,7 +95,7 @@ def with_route_slots(model: LlamaActionForCausalLM, num_route_tokens: int,
     return grown
 
 
-def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
+def add_lora(model: LlamaActionForCausalLM, lora: LoraBlock) -> nn.Module:
     """Wrap ``model`` in PEFT LoRA adapters (only those, and the extra modules asked for, stay trainable)."""
     from peft import LoraConfig, get_peft_model
 
