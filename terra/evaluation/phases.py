@@ -54,10 +54,8 @@ def phase_inputs(spec: EvaluateSpec, engine: dict[str, str]) -> dict[str, dict[s
               **engine, "dtype": run.dtype, **_flat(run.output_settings()), "horizon": spec.horizon,
               "seed": spec.seed, "domain": spec.domain,
               **_flat({"exclude_training": asdict(spec.exclude_training)})}
-    adherence = asdict(spec.adherence)
-    adherence.update(adherence.pop("params"))  # radius_m, accel_mps2, change_s: settings of the block
     own = {"quality": (spec.quality.num_clips, asdict(spec.quality)),
-           "adherence": (spec.adherence.num_cases, adherence)}
+           "adherence": (spec.adherence.num_cases, asdict(spec.adherence))}
     return {key: json.loads(json_text({**shared, **_flat({key: block})}))
             for key, (count, block) in own.items() if count > 0}
 

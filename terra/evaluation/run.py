@@ -22,7 +22,7 @@ from terra.evaluation.measure import (
 )
 from terra.evaluation.measure import evaluate_adherence, evaluate_quality
 from terra.evaluation.phases import TITLES, Phase, keep, plan_phases
-from terra.evaluation.settings import REPORT, EvaluateSpec, Targets
+from terra.evaluation.settings import REPORT, EvaluateSpec, TargetsBlock
 from terra.generation.backends import backend_kind
 from terra.pipeline import WorldModelPipeline
 from terra.run import resolve_run
@@ -184,7 +184,7 @@ def _stage_lines(progress: bool):
     return lambda line: announce(f"{PROG}: {line}", progress)
 
 
-def _targets(goals: Targets, report: dict) -> dict:
+def _targets(goals: TargetsBlock, report: dict) -> dict:
     """Each target's value, goal and verdict (a measurement left out has no target line)."""
     targets = {}
     quality = report.get("quality")
