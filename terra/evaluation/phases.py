@@ -62,11 +62,9 @@ def phase_inputs(spec: EvaluateSpec, engine: dict[str, str]) -> dict[str, dict[s
 
 def plan_phases(spec: EvaluateSpec, engine: dict[str, str]) -> list[Phase]:
     """The phases ``spec`` measures, each with the earlier record in its folder that it reuses, or why not."""
-    phases = []
-    for key, inputs in phase_inputs(spec, engine).items():
-        phase = Phase(key, inputs)
-        phase.kept, phase.why = _earlier(spec.output.path / phase.file, inputs)
-        phases.append(phase)
+    phases = [Phase(key, inputs) for key, inputs in phase_inputs(spec, engine).items()]
+    for phase in phases:
+        phase.kept, phase.why = _earlier(spec.output.path / phase.file, phase.inputs)
     return phases
 
 

@@ -1,5 +1,4 @@
-"""``terra-evaluate``'s run: the phases, the targets, ``report.json`` (written atomically) and the table printed at
-the end."""
+"""``terra-evaluate``'s run: the phases, the targets, ``report.json`` (written atomically) and the printed table."""
 
 from __future__ import annotations
 
