@@ -207,7 +207,7 @@ class TrainSpec(TrainBlock):
     output: OutputDir  # claimed: apart from data and init, replacing only what the toolkit wrote
     resume: bool
     init: str | None  # checkpoint folder to start from; None: a new model of ``net``
-    net: dict[str, Any]  # checked shape of a new model
+    net: NetBlock  # the shape of a new model
     finetune: str  # full | lora
     lora: LoraBlock | None
     sample_gif: bool  # validation rollouts at every evaluation: val_psnr, and the first as a GIF
@@ -248,8 +248,7 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
                                       ("init checkpoint", init)], app=APP)
     train = {key.removeprefix("train."): value for key, value in values.items() if key.startswith("train.")}
     _check_memory(train["optimizer"], train["weights_dtype"])
-    net = {key: value for key, value in values.items() if key.startswith("net.")}
-    net["action_projection_type"] = net.pop("net.action_projection_type")
+    net = NetBlock(**{key.removeprefix("net."): value for key, value in values.items() if key.startswith("net.")})
     lora = {key.removeprefix("lora."): value for key, value in values.items() if key.startswith("lora.")}
     return TrainSpec(
         data=data, val_clips=values["data.val_clips"], recoveries=recoveries, output=output,
