@@ -56,13 +56,11 @@ def _pairs(pairs: Any) -> tuple[tuple[str, str], ...]:
     """``adherence.pairs``: a list of two different manoeuvres each (None: no pairs)."""
     if pairs is not None and not isinstance(pairs, list):
         raise TerraInputError(f"adherence.pairs must be a list of pairs (got {shown(pairs)}); e.g. {PAIRS_EXAMPLE}")
-    checked = []
     for pair in pairs or []:
         if not isinstance(pair, list) or len(pair) != 2 or pair[0] == pair[1]:
             raise TerraInputError(f"adherence.pairs holds two different manoeuvres per entry (got {pair}); "
                                   f"e.g. {PAIRS_EXAMPLE}")
-        checked.append((str(pair[0]), str(pair[1])))
-    return tuple(checked)
+    return tuple((str(first), str(second)) for first, second in pairs or [])
 
 
 def _horizons(given: Any) -> tuple[int, ...]:
