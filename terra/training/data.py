@@ -50,8 +50,7 @@ class ClipSet:
         """A set of ``(id, codes [T, P], actions [T, 6, 3], routes [T, M, 3] or None)`` clips."""
         lengths = torch.tensor([len(c) for _, c, _, _ in parts], dtype=torch.int64)
         starts = torch.cumsum(lengths, 0) - lengths
-        width = parts[0][1].shape[1] if parts else 0
-        codes = np.concatenate([c for _, c, _, _ in parts]) if parts else np.zeros((0, width))
+        codes = np.concatenate([c for _, c, _, _ in parts]) if parts else np.zeros((0, 0))
         actions = np.concatenate([a for _, _, a, _ in parts]) if parts else np.zeros((0, 6, 3))
         return cls(torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(actions.astype(np.float32)),
                    starts, lengths, tuple(i for i, _, _, _ in parts), _joined_routes(parts))
