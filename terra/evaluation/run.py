@@ -71,7 +71,10 @@ def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: l
         elif phase.kept is not None:
             _tell(f"phase {number} of {len(phases)}, {phase.title}: kept from an earlier run into this folder "
                   f"({phase.file}), not measured again")
-    say = _stage_lines(spec.progress)
+
+    def say(line: str) -> None:  # above the generation bars on a terminal, on stdout in a log
+        announce(f"{PROG}: {line}", spec.progress)
+
     load_s = 0.0
     try:
         if own and any(phase.kept is None for phase in phases):
@@ -176,11 +179,6 @@ def _tell(line: str) -> None:
     from tqdm.auto import tqdm
 
     tqdm.write(f"{PROG}: {line}", file=sys.stderr)
-
-
-def _stage_lines(progress: bool):
-    """A function printing a stage's line above the generation bars on a terminal, on stdout in a log."""
-    return lambda line: announce(f"{PROG}: {line}", progress)
 
 
 def _targets(goals: TargetsBlock, report: dict) -> dict:
