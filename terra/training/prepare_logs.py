@@ -170,9 +170,8 @@ def open_index(spec: PrepareSpec, tokenizer: Any) -> tuple[ShardIndex, dict[str,
 
 def clip_inputs(spec: PrepareSpec, folder: Path, tokenizer: str) -> dict[str, str]:
     """What a clip's shard rows are made from: its folder's content, the tokenizer's digest and the shaping settings."""
-    settings = {"resize": spec.resize, "frame_rate_hz": spec.frame_rate_hz, "routes": spec.routes}
-    return {"tokenizer": tokenizer, "clip": content_digest([folder], "clip file"),
-            "settings": fingerprint(settings)}
+    settings = fingerprint({"resize": spec.resize, "frame_rate_hz": spec.frame_rate_hz, "routes": spec.routes})
+    return {"tokenizer": tokenizer, "clip": content_digest([folder], "clip file"), "settings": settings}
 
 
 def clips_to_redo(index: ShardIndex, damaged: dict[str, str], inputs: dict[str, dict[str, str]]

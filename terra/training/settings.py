@@ -286,6 +286,4 @@ def _init_folder(cfg: DictConfig) -> str | None:
             raise TerraInputError(f"init={shown(init)} is not a folder; point it at a checkpoint (config.json + "
                                   "safetensors), or use model=terra_v1 terra_root=/path/to/Terra")
         return init
-    if not cfg.get("model"):  # no model= picked
-        return None
-    return checkpoint_path(cfg, "model", "world_model")
+    return checkpoint_path(cfg, "model", "world_model") if cfg.get("model") else None  # None: no model= picked
