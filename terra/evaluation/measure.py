@@ -160,21 +160,13 @@ def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int
         by_manoeuvre[name] = {"clips": len(rows), "psnr": round(float(gen_psnr[rows].mean()), 4),
                               "ssim": round(float(np.mean([gen_ssim[i] for i in rows])), 4)}
     steps = min(TARGET_STEPS, horizon)
-    return {
-        "num_clips": len(clips),
-        "horizon": horizon,
-        "psnr": _stats(gen_psnr),
-        "ssim": _stats(np.array(gen_ssim)),
-        "tokenizer_psnr": _stats(np.array(tok_psnr)),
-        "tokenizer_ssim": _stats(np.array(tok_ssim)),
-        "copy_last_psnr": _stats(copy_psnr),
-        "target_frames": steps,  # the PSNR target covers the first min(10, horizon) generated frames
-        "mean_psnr_target_frames": round(float(gen_psnr[:, :steps].mean()), 4),
-        "by_manoeuvre": by_manoeuvre,
-        "clips": per_clip,
-        "generate_s": round(generate_s, 2),
-        "s_per_frame": round(generate_s / (len(clips) * horizon), 4),
-    }
+    return {"num_clips": len(clips), "horizon": horizon, "psnr": _stats(gen_psnr), "ssim": _stats(np.array(gen_ssim)),
+            "tokenizer_psnr": _stats(np.array(tok_psnr)), "tokenizer_ssim": _stats(np.array(tok_ssim)),
+            "copy_last_psnr": _stats(copy_psnr),
+            "target_frames": steps,  # the PSNR target covers the first min(10, horizon) generated frames
+            "mean_psnr_target_frames": round(float(gen_psnr[:, :steps].mean()), 4), "by_manoeuvre": by_manoeuvre,
+            "clips": per_clip, "generate_s": round(generate_s, 2),
+            "s_per_frame": round(generate_s / (len(clips) * horizon), 4)}
 
 
 def _decoded(results: list[RolloutResult], pipeline: WorldModelPipeline, say: Callable[[str], None] | None,

@@ -113,18 +113,10 @@ def _measured(spec: EvaluateSpec, phases: list[Phase], pipeline: WorldModelPipel
 
 def _header(spec: EvaluateSpec, made_by: dict) -> dict:
     """The report's header: the run's checkpoints and settings, and ``made_by``, the pipeline the phases ran on."""
-    return {
-        "world_model": spec.run.world_model,
-        "tokenizer": spec.run.tokenizer,
-        "backend": made_by["backend"],
-        "device": made_by["device"],
-        "sampling": dataclasses.asdict(spec.run.sampling),  # as given: the keys of conf/sampling/
-        "num_context": spec.run.num_context,
-        "horizon": spec.horizon,
-        "image_size": made_by["image_size"],
-        "domain": spec.domain,
-        "routes": made_by["routes"],
-    }
+    return {"world_model": spec.run.world_model, "tokenizer": spec.run.tokenizer, "backend": made_by["backend"],
+            "device": made_by["device"], "sampling": dataclasses.asdict(spec.run.sampling),  # as conf/sampling/ has it
+            "num_context": spec.run.num_context, "horizon": spec.horizon, "image_size": made_by["image_size"],
+            "domain": spec.domain, "routes": made_by["routes"]}
 
 
 def _unreadable(spec: EvaluateSpec, phase: Phase) -> str | None:
