@@ -162,10 +162,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.variant == "lora":
         from dataclasses import replace
 
-        from terra.training.settings import LoraSpec
+        from terra.training.settings import LoraBlock
 
-        lora = LoraSpec(16, 32.0, 0.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-                        True, True)
+        lora = LoraBlock(16, 32.0, 0.0, ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+                         True, True)
         spec = replace(spec, finetune="lora", lora=lora)
     data = random_data(8)
     torch.cuda.reset_peak_memory_stats()

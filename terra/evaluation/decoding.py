@@ -1,8 +1,8 @@
-"""Forward passes per generated frame, sequential against speculative decoding, of a trained world model on held-out
-clips of the synthetic world."""
+"""Forward passes per generated frame of a world model, sequential against speculative decoding, on held-out clips."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -86,12 +86,9 @@ def held_out_clips(count: int, frames: int, image_size: tuple[int, int], clip_se
                    exclude_clips: int) -> list[Clip]:
     """``count`` clips of the training distribution whose scenes no training clip of ``terra-make-dataset`` used."""
     training = training_scene_seeds(exclude_seed, exclude_clips)
-    clips, i = [], 0
-    while len(clips) < count:
-        if drive_scene_seed(clip_seed, i) not in training:
-            clips.append(random_drive(np.random.default_rng([clip_seed, i]), frames).render(frames, *image_size))
-        i += 1
-    return clips
+    unused = (i for i in itertools.count() if drive_scene_seed(clip_seed, i) not in training)
+    return [random_drive(np.random.default_rng([clip_seed, i]), frames).render(frames, *image_size)
+            for i in itertools.islice(unused, count)]
 
 
 class PassCounter:
@@ -134,14 +131,13 @@ def run_mode(pipeline: WorldModelPipeline, clips: list[Clip], codes: np.ndarray,
               "passes_per_frame": round(passes, 3),
               "image_tokens_per_pass": round(pipeline.backend.layout.image_tokens / passes, 3),
               "generate_s": round(generate_s, 3), "s_per_frame": round(generate_s / frames, 4),
-              "psnr": {"mean": round(float(scores.mean()), 3), "per_step": scores.mean(axis=0).round(3).tolist()}}
-    record["previous_frame_guess"] = previous_frame_hits(np.stack([r.codes for r in results]), n_ctx)
+              "psnr": {"mean": round(float(scores.mean()), 3), "per_step": scores.mean(axis=0).round(3).tolist()},
+              "previous_frame_guess": previous_frame_hits(np.stack([r.codes for r in results]), n_ctx)}
     return record, np.stack([r.codes[n_ctx:] for r in results])
 
 
 def previous_frame_hits(codes: np.ndarray, first: int) -> dict[str, float]:
-    """Shares of codes ``[rollouts, frames, h, w]`` equal to the previous frame's at the same position, and in its 3
-    x 3 neighbourhood."""
+    """Shares of codes ``[rollouts, frames, h, w]`` equal to the previous frame's at their position, or within 3 x 3."""
     earlier, later = codes[:, first - 1:-1], codes[:, first:]
     h, w = codes.shape[2:]
     padded = np.pad(earlier, ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-1)
@@ -198,9 +194,8 @@ def compare(modes: list[dict[str, Any]], generated: dict[tuple[str, float], np.n
     for (name, temperature), spec_passes in passes.items():
         if name == "sequential" or ("sequential", temperature) not in passes:
             continue
-        row: dict[str, Any] = {"mode": name, "temperature": temperature,
-                               "fewer_passes": round(passes[("sequential", temperature)] / spec_passes, 3)}
         same = generated[(name, temperature)] == generated[("sequential", temperature)]
-        row.update(codes_equal=bool(same.all()), tokens_equal_fraction=round(float(same.mean()), 6))
-        rows.append(row)
+        rows.append({"mode": name, "temperature": temperature,
+                     "fewer_passes": round(passes[("sequential", temperature)] / spec_passes, 3),
+                     "codes_equal": bool(same.all()), "tokens_equal_fraction": round(float(same.mean()), 6)})
     return rows

@@ -1,8 +1,8 @@
-"""The two measurements of ``terra-evaluate``, a world model + tokenizer on clips of the synthetic world, and the
-held-out data they use: scene seeds the training clips never used, frame-quality clips and manoeuvre-adherence cases."""
+"""``terra-evaluate``'s two measurements and their held-out data: unused scenes, quality clips, adherence cases."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import Callable, TYPE_CHECKING
@@ -54,12 +54,7 @@ def training_scene_seeds(seed: int, num_clips: int) -> set[int]:
 
 def held_out_seeds(start: int, count: int, exclude: set[int]) -> list[int]:
     """``count`` scene seeds from ``start`` up, skipping ``exclude``."""
-    seeds, candidate = [], int(start)
-    while len(seeds) < count:
-        if candidate not in exclude:
-            seeds.append(candidate)
-        candidate += 1
-    return seeds
+    return list(itertools.islice((seed for seed in itertools.count(int(start)) if seed not in exclude), count))
 
 
 def quality_clips(spec: EvaluateSpec, seeds: list[int], image_size: tuple[int, int]) -> list[Clip]:
@@ -165,21 +160,13 @@ def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int
         by_manoeuvre[name] = {"clips": len(rows), "psnr": round(float(gen_psnr[rows].mean()), 4),
                               "ssim": round(float(np.mean([gen_ssim[i] for i in rows])), 4)}
     steps = min(TARGET_STEPS, horizon)
-    return {
-        "num_clips": len(clips),
-        "horizon": horizon,
-        "psnr": _stats(gen_psnr),
-        "ssim": _stats(np.array(gen_ssim)),
-        "tokenizer_psnr": _stats(np.array(tok_psnr)),
-        "tokenizer_ssim": _stats(np.array(tok_ssim)),
-        "copy_last_psnr": _stats(copy_psnr),
-        "target_frames": steps,  # the PSNR target covers the first min(10, horizon) generated frames
-        "mean_psnr_target_frames": round(float(gen_psnr[:, :steps].mean()), 4),
-        "by_manoeuvre": by_manoeuvre,
-        "clips": per_clip,
-        "generate_s": round(generate_s, 2),
-        "s_per_frame": round(generate_s / (len(clips) * horizon), 4),
-    }
+    return {"num_clips": len(clips), "horizon": horizon, "psnr": _stats(gen_psnr), "ssim": _stats(np.array(gen_ssim)),
+            "tokenizer_psnr": _stats(np.array(tok_psnr)), "tokenizer_ssim": _stats(np.array(tok_ssim)),
+            "copy_last_psnr": _stats(copy_psnr),
+            "target_frames": steps,  # the PSNR target covers the first min(10, horizon) generated frames
+            "mean_psnr_target_frames": round(float(gen_psnr[:, :steps].mean()), 4), "by_manoeuvre": by_manoeuvre,
+            "clips": per_clip, "generate_s": round(generate_s, 2),
+            "s_per_frame": round(generate_s / (len(clips) * horizon), 4)}
 
 
 def _decoded(results: list[RolloutResult], pipeline: WorldModelPipeline, say: Callable[[str], None] | None,
@@ -214,10 +201,8 @@ def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase],
                             "each candidate's true frames ..."))
     generate_s = time.perf_counter() - t0
     idx = [n_ctx + h - 1 for h in steps]
-    pairs: dict[str, dict] = {}
+    records: dict[str, list[dict]] = {}
     for case in cases:
-        key = "/".join(case.pair)
-        entry = pairs.setdefault(key, {"cases": []})
         record = {"seed": case.seed, "speed_kmh": round(case.clips[case.pair[0]].speed_kmh, 2),
                   "params": {k: round(v, 3) for k, v in case.params.items()}, "rollouts": {}}
         for name in case.pair:
@@ -235,19 +220,15 @@ def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase],
         rollouts = record["rollouts"]
         record["correct"] = all(r["matched"] == n for n, r in rollouts.items())
         record["correct_with_straight"] = all(r["matched_with_straight"] == n for n, r in rollouts.items())
-        entry["cases"].append(record)
-    for key, entry in pairs.items():
-        cases_ = entry["cases"]
-        names = key.split("/")
-        entry.update({
-            "num_cases": len(cases_),
-            "accuracy_pct": round(100.0 * np.mean([c["correct"] for c in cases_]), 2),
-            "rollout_accuracy_pct": {n: round(100.0 * np.mean([c["rollouts"][n]["matched"] == n for c in cases_]), 2)
-                                     for n in names},
-            "accuracy_with_straight_pct": round(100.0 * np.mean([c["correct_with_straight"] for c in cases_]), 2),
-            "mean_margin_db": round(float(np.mean([r["margin_db"] for c in cases_
-                                                   for r in c["rollouts"].values()])), 3),
-        })
-        pairs[key] = {k: entry[k] for k in (*[k for k in entry if k != "cases"], "cases")}  # cases last
+        records.setdefault("/".join(case.pair), []).append(record)
+    pairs = {key: {
+        "num_cases": len(done),
+        "accuracy_pct": round(100.0 * np.mean([c["correct"] for c in done]), 2),
+        "rollout_accuracy_pct": {n: round(100.0 * np.mean([c["rollouts"][n]["matched"] == n for c in done]), 2)
+                                 for n in key.split("/")},
+        "accuracy_with_straight_pct": round(100.0 * np.mean([c["correct_with_straight"] for c in done]), 2),
+        "mean_margin_db": round(float(np.mean([r["margin_db"] for c in done for r in c["rollouts"].values()])), 3),
+        "cases": done,
+    } for key, done in records.items()}
     return {"horizons": steps, "pairs": pairs, "generate_s": round(generate_s, 2),
             "s_per_frame": round(generate_s / (len(requests) * horizon), 4)}

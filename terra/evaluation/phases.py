@@ -54,21 +54,17 @@ def phase_inputs(spec: EvaluateSpec, engine: dict[str, str]) -> dict[str, dict[s
               **engine, "dtype": run.dtype, **_flat(run.output_settings()), "horizon": spec.horizon,
               "seed": spec.seed, "domain": spec.domain,
               **_flat({"exclude_training": asdict(spec.exclude_training)})}
-    adherence = asdict(spec.adherence)
-    adherence.update(adherence.pop("params"))  # radius_m, accel_mps2, change_s: settings of the block
     own = {"quality": (spec.quality.num_clips, asdict(spec.quality)),
-           "adherence": (spec.adherence.num_cases, adherence)}
+           "adherence": (spec.adherence.num_cases, asdict(spec.adherence))}
     return {key: json.loads(json_text({**shared, **_flat({key: block})}))
             for key, (count, block) in own.items() if count > 0}
 
 
 def plan_phases(spec: EvaluateSpec, engine: dict[str, str]) -> list[Phase]:
     """The phases ``spec`` measures, each with the earlier record in its folder that it reuses, or why not."""
-    phases = []
-    for key, inputs in phase_inputs(spec, engine).items():
-        phase = Phase(key, inputs)
-        phase.kept, phase.why = _earlier(spec.output.path / phase.file, inputs)
-        phases.append(phase)
+    phases = [Phase(key, inputs) for key, inputs in phase_inputs(spec, engine).items()]
+    for phase in phases:
+        phase.kept, phase.why = _earlier(spec.output.path / phase.file, phase.inputs)
     return phases
 
 

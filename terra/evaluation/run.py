@@ -1,5 +1,4 @@
-"""``terra-evaluate``'s run: the phases, the targets, ``report.json`` (written atomically) and the table printed at
-the end."""
+"""``terra-evaluate``'s run: the phases, the targets, ``report.json`` (written atomically) and the printed table."""
 
 from __future__ import annotations
 
@@ -22,7 +21,7 @@ from terra.evaluation.measure import (
 )
 from terra.evaluation.measure import evaluate_adherence, evaluate_quality
 from terra.evaluation.phases import TITLES, Phase, keep, plan_phases
-from terra.evaluation.settings import REPORT, EvaluateSpec, Targets
+from terra.evaluation.settings import REPORT, EvaluateSpec, TargetsBlock
 from terra.generation.backends import backend_kind
 from terra.pipeline import WorldModelPipeline
 from terra.run import resolve_run
@@ -72,7 +71,10 @@ def _evaluate(spec: EvaluateSpec, pipeline: WorldModelPipeline | None, phases: l
         elif phase.kept is not None:
             _tell(f"phase {number} of {len(phases)}, {phase.title}: kept from an earlier run into this folder "
                   f"({phase.file}), not measured again")
-    say = _stage_lines(spec.progress)
+
+    def say(line: str) -> None:  # above the generation bars on a terminal, on stdout in a log
+        announce(f"{PROG}: {line}", spec.progress)
+
     load_s = 0.0
     try:
         if own and any(phase.kept is None for phase in phases):
@@ -111,18 +113,10 @@ def _measured(spec: EvaluateSpec, phases: list[Phase], pipeline: WorldModelPipel
 
 def _header(spec: EvaluateSpec, made_by: dict) -> dict:
     """The report's header: the run's checkpoints and settings, and ``made_by``, the pipeline the phases ran on."""
-    return {
-        "world_model": spec.run.world_model,
-        "tokenizer": spec.run.tokenizer,
-        "backend": made_by["backend"],
-        "device": made_by["device"],
-        "sampling": dataclasses.asdict(spec.run.sampling),  # as given: the keys of conf/sampling/
-        "num_context": spec.run.num_context,
-        "horizon": spec.horizon,
-        "image_size": made_by["image_size"],
-        "domain": spec.domain,
-        "routes": made_by["routes"],
-    }
+    return {"world_model": spec.run.world_model, "tokenizer": spec.run.tokenizer, "backend": made_by["backend"],
+            "device": made_by["device"], "sampling": dataclasses.asdict(spec.run.sampling),  # as conf/sampling/ has it
+            "num_context": spec.run.num_context, "horizon": spec.horizon, "image_size": made_by["image_size"],
+            "domain": spec.domain, "routes": made_by["routes"]}
 
 
 def _unreadable(spec: EvaluateSpec, phase: Phase) -> str | None:
@@ -179,12 +173,7 @@ def _tell(line: str) -> None:
     tqdm.write(f"{PROG}: {line}", file=sys.stderr)
 
 
-def _stage_lines(progress: bool):
-    """A function printing a stage's line above the generation bars on a terminal, on stdout in a log."""
-    return lambda line: announce(f"{PROG}: {line}", progress)
-
-
-def _targets(goals: Targets, report: dict) -> dict:
+def _targets(goals: TargetsBlock, report: dict) -> dict:
     """Each target's value, goal and verdict (a measurement left out has no target line)."""
     targets = {}
     quality = report.get("quality")

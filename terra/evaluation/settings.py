@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional
 
 from omegaconf import DictConfig
@@ -56,13 +56,11 @@ def _pairs(pairs: Any) -> tuple[tuple[str, str], ...]:
     """``adherence.pairs``: a list of two different manoeuvres each (None: no pairs)."""
     if pairs is not None and not isinstance(pairs, list):
         raise TerraInputError(f"adherence.pairs must be a list of pairs (got {shown(pairs)}); e.g. {PAIRS_EXAMPLE}")
-    checked = []
     for pair in pairs or []:
         if not isinstance(pair, list) or len(pair) != 2 or pair[0] == pair[1]:
             raise TerraInputError(f"adherence.pairs holds two different manoeuvres per entry (got {pair}); "
                                   f"e.g. {PAIRS_EXAMPLE}")
-        checked.append((str(pair[0]), str(pair[1])))
-    return tuple(checked)
+    return tuple((str(first), str(second)) for first, second in pairs or [])
 
 
 def _horizons(given: Any) -> tuple[int, ...]:
@@ -103,6 +101,11 @@ class AdherenceBlock:
     change_s: Any = setting([1.5, 3.0], "lane changes; within 0.5 .. 30",
                             check=_range_of("adherence.change_s", "change_s"))
 
+    @property
+    def params(self) -> dict[str, tuple[float, float]]:
+        """The ranges the pairs' manoeuvre parameters are drawn from, by name."""
+        return {key: getattr(self, key) for key in PARAM_RANGES}
+
 
 @dataclass
 class ExcludeBlock:
@@ -137,44 +140,6 @@ class EvaluateConfig(RunConfig):
 
 
 @dataclass(frozen=True)
-class QualitySpec:
-    """Frame quality: one held-out clip per scene seed from ``scene_seed`` up, manoeuvres cycled."""
-
-    num_clips: int  # 0: not measured
-    scene_seed: int
-    manoeuvres: tuple[str, ...]  # names of terra.inputs.trajectory.MANOEUVRES
-    speed_kmh: tuple[float, float]  # the initial speed's range
-
-
-@dataclass(frozen=True)
-class AdherenceSpec:
-    """Manoeuvre adherence: ``num_cases`` cases per pair of opposite manoeuvres, scene seeds from ``scene_seed`` up."""
-
-    num_cases: int  # 0: not measured
-    scene_seed: int
-    pairs: tuple[tuple[str, str], ...]  # two different manoeuvres each
-    horizons: tuple[int, ...]  # generated frames (1-based) matched against each candidate's render
-    speed_kmh: tuple[float, float]
-    params: dict[str, tuple[float, float]]  # PARAM_RANGES' names -> the range their values are drawn from
-
-
-@dataclass(frozen=True)
-class ExcludedTraining:
-    """The world model's training clips (``terra-make-dataset``'s seed and clip count), whose scenes are skipped."""
-
-    seed: int
-    num_clips: int
-
-
-@dataclass(frozen=True)
-class Targets:
-    """The report's pass/fail lines."""
-
-    direction_accuracy_pct: float  # curve_left/curve_right cases correct
-    mean_psnr_db: float  # over the first generated frames
-
-
-@dataclass(frozen=True)
 class EvaluateSpec:
     """A ``terra-evaluate`` run, checked: the shared :class:`RunSpec` and this app's own settings."""
 
@@ -184,10 +149,10 @@ class EvaluateSpec:
     seed: int  # rollout k of a measurement samples with seed + k
     progress: bool
     domain: str  # one of the scene DOMAINS: the scenes of both measurements
-    quality: QualitySpec
-    adherence: AdherenceSpec
-    exclude_training: ExcludedTraining
-    targets: Targets
+    quality: QualityBlock  # num_clips 0: not measured
+    adherence: AdherenceBlock  # num_cases 0: not measured
+    exclude_training: ExcludeBlock
+    targets: TargetsBlock
 
     @property
     def num_frames(self) -> int:
@@ -203,6 +168,10 @@ class EvaluateSpec:
 def evaluate_spec(cfg: DictConfig) -> EvaluateSpec:
     """Every setting of `evaluate` checked once, without importing torch, and ``out_dir`` claimed."""
     values = check_schema(cfg, EvaluateConfig)
+
+    def block(name: str, schema: type) -> Any:
+        return schema(**{field.name: values[f"{name}.{field.name}"] for field in fields(schema)})
+
     if values["quality.num_clips"] == 0 and values["adherence.num_cases"] == 0:
         raise TerraInputError("nothing to evaluate: set quality.num_clips or adherence.num_cases above 0")
     manoeuvres, pairs = values["quality.manoeuvres"], values["adherence.pairs"]
@@ -211,17 +180,12 @@ def evaluate_spec(cfg: DictConfig) -> EvaluateSpec:
             raise TerraInputError(f"unknown manoeuvre {name!r}; choose from: {', '.join(MANOEUVRES)}")
     if values["adherence.num_cases"] > 0 and not pairs:
         raise TerraInputError(f"adherence.pairs is empty; e.g. {PAIRS_EXAMPLE}")
-    params = {key: values[f"adherence.{key}"] for key in PARAM_RANGES}
-    quality = QualitySpec(values["quality.num_clips"], values["quality.scene_seed"], manoeuvres,
-                          values["quality.speed_kmh"])
-    adherence = AdherenceSpec(values["adherence.num_cases"], values["adherence.scene_seed"], pairs,
-                              values["adherence.horizons"], values["adherence.speed_kmh"], params)
     run = run_spec(cfg)
     output = claim_output_dir(required_path(cfg, "out_dir", f"{REPORT} goes there"), "out_dir",
                               files=[REPORT, *PHASE_FILES],
                               inputs=[("world model", run.world_model), ("tokenizer", run.tokenizer)], app=APP)
     return EvaluateSpec(
-        run, output, values["horizon"], values["seed"], values["progress"], values["domain"], quality, adherence,
-        ExcludedTraining(values["exclude_training.seed"], values["exclude_training.num_clips"]),
-        Targets(values["targets.direction_accuracy_pct"], values["targets.mean_psnr_db"]),
+        run, output, values["horizon"], values["seed"], values["progress"], values["domain"],
+        block("quality", QualityBlock), block("adherence", AdherenceBlock),
+        block("exclude_training", ExcludeBlock), block("targets", TargetsBlock),
     )

@@ -36,8 +36,7 @@ def discard(folder: Path, state_file: str = STATE_FILE) -> None:
 
 
 def swap_in(tmp: Path, folder: Path, old: Path, state: dict[str, Any], state_file: str = STATE_FILE) -> None:
-    """Make the checkpoint in ``tmp`` ``folder``'s so a complete one always exists: ``state`` written last, then two
-    renames."""
+    """Make ``tmp`` the checkpoint in ``folder`` so a complete one always exists: ``state`` last, then two renames."""
     mark(tmp, [entry.name for entry in os.scandir(tmp)] + [state_file])
     with atomic_path(tmp / state_file) as part:
         torch.save(state, part)
@@ -48,21 +47,22 @@ def swap_in(tmp: Path, folder: Path, old: Path, state: dict[str, Any], state_fil
     discard(old, state_file)
 
 
-def _step(folder: Path) -> int | None:
+def checkpoint_step(folder: Path, state_file: str = STATE_FILE,
+                    fix: str = "restore it, or set resume=false to start afresh") -> int | None:
     """The step of a complete checkpoint folder; None when it has no state file (never written whole)."""
-    if not (folder / STATE_FILE).is_file():
+    if not (folder / state_file).is_file():
         return None
     try:
-        return int(torch.load(folder / STATE_FILE, map_location="cpu", weights_only=True)["step"])
+        return int(torch.load(folder / state_file, map_location="cpu", weights_only=True)["step"])
     except Exception as err:  # noqa: BLE001  (a damaged file: each reader raises its own types)
-        raise TerraInputError(f"the checkpoint in {folder} is damaged ({STATE_FILE}: {error_reason(err)}); restore "
-                              "it, or set resume=false to start afresh") from None
+        raise TerraInputError(f"the checkpoint in {folder} is damaged ({state_file}: {error_reason(err)}); "
+                              f"{fix}") from None
 
 
 def find_checkpoint(folder: Path, processes: Processes) -> bool:
     """Whether ``folder`` holds a checkpoint to resume from (the main process made it the newest complete one)."""
     if processes.main:
-        found = [(step, path) for path in (folder, *_aside(folder)) if (step := _step(path)) is not None]
+        found = [(step, path) for path in (folder, *_aside(folder)) if (step := checkpoint_step(path)) is not None]
         if found:
             newest = max(found, key=lambda pair: pair[0])[1]  # on a tie, folder itself (listed first)
             if newest != folder:

@@ -35,8 +35,7 @@ class Windows(NamedTuple):
 
 @dataclass(frozen=True)
 class ClipSet:
-    """Clips one after another: codes ``[F, P]`` int32, actions ``[F, 6, 3]``, routes ``[F, M, 3]`` (None: no
-    routes)."""
+    """Clips one after another: codes ``[F, P]`` int32, actions ``[F, 6, 3]``, routes ``[F, M, 3]`` or None."""
 
     codes: torch.Tensor
     actions: torch.Tensor
@@ -51,8 +50,7 @@ class ClipSet:
         """A set of ``(id, codes [T, P], actions [T, 6, 3], routes [T, M, 3] or None)`` clips."""
         lengths = torch.tensor([len(c) for _, c, _, _ in parts], dtype=torch.int64)
         starts = torch.cumsum(lengths, 0) - lengths
-        width = parts[0][1].shape[1] if parts else 0
-        codes = np.concatenate([c for _, c, _, _ in parts]) if parts else np.zeros((0, width))
+        codes = np.concatenate([c for _, c, _, _ in parts]) if parts else np.zeros((0, 0))
         actions = np.concatenate([a for _, _, a, _ in parts]) if parts else np.zeros((0, 6, 3))
         return cls(torch.from_numpy(codes.astype(np.int32)), torch.from_numpy(actions.astype(np.float32)),
                    starts, lengths, tuple(i for i, _, _, _ in parts), _joined_routes(parts))
@@ -61,8 +59,7 @@ class ClipSet:
         return len(self.ids)
 
     def window(self, clip: int, start: int, frames: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """Codes ``[frames, P]``, actions ``[frames, 6, 3]`` and slot routes ``[frames, M, 3]`` (or None) from
-        ``start``."""
+        """Codes ``[frames, P]``, actions ``[frames, 6, 3]``, slot routes ``[frames, M, 3]`` or None from ``start``."""
         lo = int(self.starts[clip]) + start
         routes = None
         if self.routes is not None:
@@ -71,8 +68,7 @@ class ClipSet:
         return self.codes[lo:lo + frames], self.actions[lo:lo + frames], routes
 
     def frame_routes(self, clip: int, start: int, frames: int) -> np.ndarray | None:
-        """The routes ``[frames, M, 3]`` of one clip's frames from ``start`` (``routes[t]``: frame ``t``'s); None
-        without."""
+        """One clip's routes ``[frames, M, 3]`` from ``start`` (``routes[t]``: frame ``t``'s); None without."""
         lo = int(self.starts[clip]) + start
         return None if self.routes is None else self.routes[lo:lo + frames].numpy()
 
@@ -120,8 +116,7 @@ class TrainingData:
 
 
 def load_training_data(path: str, val_clips: int, recoveries: str | None = None) -> TrainingData:
-    """Read a shard folder or a tokenized-clips file into memory, and the recovery clips of ``recoveries`` when
-    given."""
+    """A shard folder or a tokenized-clips file in memory, with the recovery clips of ``recoveries`` when given."""
     data = _load_source(path, val_clips)
     if recoveries is None:
         return data
@@ -229,8 +224,7 @@ class WindowSampler:
 
 
 def stack_windows(clips: ClipSet, clip: list[int], start: list[int], frames: int) -> Windows:
-    """The windows flattened as the training forward takes them; clips off the car's pose trained from their first on
-    it."""
+    """The windows as the training forward takes them; clips off the car's pose trained from their first on it."""
     parts = [clips.window(c, s, frames) for c, s in zip(clip, start)]
     width, slots = int(clips.codes.shape[1]) * frames, frames * int(clips.actions.shape[1])
     codes = torch.stack([p[0] for p in parts]).flatten(1).long() if parts else torch.zeros(0, width, dtype=torch.long)

@@ -32,11 +32,10 @@ class Processes:
 
 def start_processes(device: str) -> Processes:
     """Join the process group torchrun set up (``WORLD_SIZE`` > 1), or run alone on ``device``."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world <= 1:
-        return Processes(0, 1, torch.device(resolve_device(device)))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
     resolved = torch.device(resolve_device(device))
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return Processes(0, 1, resolved)
+    local = int(os.environ.get("LOCAL_RANK", "0"))
     if resolved.type == "cuda":
         if local >= torch.cuda.device_count():
             raise TerraInputError(f"torchrun started more processes on this node than it has GPUs "

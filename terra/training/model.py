@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 from torch import nn
@@ -16,29 +16,24 @@ from terra.models.checkpoint import read_world_model_config
 from terra.training.data import TrainingData
 from terra.training.distributed import Processes, parallelize
 from terra.training.objective import WindowLoss
-from terra.training.settings import LoraSpec, TrainSpec
+from terra.training.settings import LoraBlock, NetBlock, TrainSpec
 
 
 LORA_EXTRA_MODULES = {"train_action_projection": "action_projection",
                       "train_position_embeddings": "pos_embedding_spatio_temporal"}
 
 
-def new_config(net: dict, data: TrainingData) -> LlamaActionConfig:
+def new_config(net: NetBlock, data: TrainingData) -> LlamaActionConfig:
     """A world-model config: the shape from ``net``, the token layout from the data."""
-    patches, frames = data.patches, net["net.num_temporal_embeddings"]
-    routes = net["net.num_route_tokens"] or 0
-    span = patches + NUM_ACTION_TOKENS + routes
-    mlp = net["action_projection_type"] == "mlp"
+    routes = net.num_route_tokens or 0
+    span = data.patches + NUM_ACTION_TOKENS + routes
+    mlp = net.action_projection_type == "mlp"
     try:
         config = LlamaActionConfig(
-            vocab_size=data.codebook_size + 1, codebook_size=data.codebook_size, action_token_id=data.codebook_size,
-            hidden_size=net["net.hidden_size"], intermediate_size=net["net.intermediate_size"],
-            num_hidden_layers=net["net.num_hidden_layers"], num_attention_heads=net["net.num_attention_heads"],
-            num_key_value_heads=net["net.num_key_value_heads"], rms_norm_eps=net["net.rms_norm_eps"],
-            rope_theta=net["net.rope_theta"], num_image_patches=patches, num_action_tokens=NUM_ACTION_TOKENS,
-            num_route_tokens=routes, num_spatio_embeddings=span, num_temporal_embeddings=frames,
-            max_position_embeddings=frames * span,
-            action_projection_type=net["action_projection_type"], tie_word_embeddings=False,
+            **{**asdict(net), "num_route_tokens": routes}, vocab_size=data.codebook_size + 1,
+            codebook_size=data.codebook_size, action_token_id=data.codebook_size, num_image_patches=data.patches,
+            num_action_tokens=NUM_ACTION_TOKENS, num_spatio_embeddings=span,
+            max_position_embeddings=net.num_temporal_embeddings * span, tie_word_embeddings=False,
             architectures=["LlamaActionV2ForCausalLM" if mlp else "LlamaActionForCausalLM"],
         )
         config.validate_architecture()
@@ -49,8 +44,7 @@ def new_config(net: dict, data: TrainingData) -> LlamaActionConfig:
 
 
 def build_model(spec: TrainSpec, data: TrainingData) -> LlamaActionForCausalLM:
-    """The model to train, float32 on the CPU: ``init``'s checkpoint (grown route slots if asked), or a new one of
-    ``net``."""
+    """The model to train, float32 on the CPU: ``init``'s (route slots grown if asked), or a new one of ``net``."""
     if spec.init is None:
         config = new_config(spec.net, data)
         return AutoModelForCausalLM.from_config(config, attn_implementation=spec.attn_implementation)
@@ -61,7 +55,7 @@ def build_model(spec: TrainSpec, data: TrainingData) -> LlamaActionForCausalLM:
             f"{data.codebook_size}) than the model in {spec.init} takes ({config.num_image_patches} from "
             f"{config.codebook_size}); prepare the data with that model's tokenizer"
         )
-    routes = spec.net["net.num_route_tokens"]
+    routes = spec.net.num_route_tokens
     if routes is not None and routes != config.num_route_tokens and config.num_route_tokens:
         raise TerraInputError(f"net.num_route_tokens={routes}, but the model in {spec.init} has "
                               f"{config.num_route_tokens} route slots, which training does not change; leave "
@@ -95,7 +89,7 @@ def with_route_slots(model: LlamaActionForCausalLM, num_route_tokens: int,
     return grown
 
 
-def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
+def add_lora(model: LlamaActionForCausalLM, lora: LoraBlock) -> nn.Module:
     """Wrap ``model`` in PEFT LoRA adapters (only those, and the extra modules asked for, stay trainable)."""
     from peft import LoraConfig, get_peft_model
 
@@ -117,8 +111,7 @@ def add_lora(model: LlamaActionForCausalLM, lora: LoraSpec) -> nn.Module:
 
 
 def store_weights(module: nn.Module, trained: torch.dtype, frozen: torch.dtype) -> None:
-    """Keep the trained weights in ``trained`` dtype and the frozen ones (LoRA's base) in ``frozen``; buffers as they
-    are."""
+    """Trained weights in ``trained`` dtype, frozen ones (LoRA's base) in ``frozen``; buffers as they are."""
     for param in module.parameters():
         param.data = param.data.to(trained if param.requires_grad else frozen)
 
@@ -136,21 +129,9 @@ def checkpoint_layers(model: LlamaActionForCausalLM, layers: bool | int) -> None
         layer.gradient_checkpointing = False
 
 
-def standalone_model(trained: nn.Module, full_state: dict[str, torch.Tensor] | None,
-                     config: LlamaActionConfig, dtype: torch.dtype) -> LlamaActionForCausalLM:
-    if full_state is None:
-        source = copy.deepcopy(trained).to("cpu")
-        model = source.merge_and_unload() if hasattr(source, "merge_and_unload") else source
-        return model.to(dtype)
-    model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.load_state_dict(full_state)
-    return model
-
-
 @dataclass
 class Trainee:
-    """The loss module (maybe wrapped for several processes), the PEFT model with ``finetune=lora``, window and micro-
-    batching."""
+    """The loss module (maybe wrapped for several processes), the PEFT model with LoRA, window and micro-batching."""
 
     module: torch.nn.Module
     loss: WindowLoss
@@ -158,11 +139,6 @@ class Trainee:
     frames: int
     micro_batch: int
     accumulation: int
-
-
-def autocast_dtype(spec: TrainSpec, device: torch.device) -> torch.dtype | None:
-    """bf16 autocast on CUDA with ``precision=auto``, or when asked; float32 otherwise."""
-    return torch.bfloat16 if spec.precision == "bf16" or (spec.precision == "auto" and device.type == "cuda") else None
 
 
 def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> Trainee:
@@ -179,7 +155,8 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
     if not 2 <= frames <= config.num_temporal_embeddings:
         raise TerraInputError(f"train.window {frames} must be in [2, {config.num_temporal_embeddings}] (the model's "
                               f"window) and clips have up to {longest} frames; use clips of at least 2 frames")
-    compute = autocast_dtype(spec, processes.device)
+    bf16 = spec.precision == "bf16" or (spec.precision == "auto" and processes.device.type == "cuda")
+    compute = torch.bfloat16 if bf16 else None  # the autocast dtype; None: float32
     peft = None
     if spec.lora is not None:
         peft = add_lora(model, spec.lora)
@@ -198,17 +175,18 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
 
 
 def trained_model(trainee: Trainee, processes: Processes, dtype: torch.dtype):
-    """The trained model as a plain :class:`LlamaActionForCausalLM` in ``dtype`` on the main process (None on the
-    others)."""
-    sharded = processes.distributed and trainee.peft is None
-    full_state = None
-    if sharded:
+    """The trained model as a plain :class:`LlamaActionForCausalLM` in ``dtype`` on the main process, else None."""
+    if processes.distributed and trainee.peft is None:  # sharded: gathered into one state on the main process
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         gathered = get_model_state_dict(trainee.module, options=StateDictOptions(full_state_dict=True,
                                                                                  cpu_offload=True))
-        full_state = {k.removeprefix("lm."): v for k, v in gathered.items()}
+        if not processes.main:
+            return None
+        model = AutoModelForCausalLM.from_config(trainee.loss.lm.config, dtype=dtype)
+        model.load_state_dict({k.removeprefix("lm."): v for k, v in gathered.items()})
+        return model
     if not processes.main:
         return None
-    source = trainee.peft if trainee.peft is not None else trainee.loss.lm
-    return standalone_model(source, full_state, trainee.loss.lm.config, dtype)
+    source = copy.deepcopy(trainee.peft if trainee.peft is not None else trainee.loss.lm).to("cpu")
+    return (source.merge_and_unload() if hasattr(source, "merge_and_unload") else source).to(dtype)

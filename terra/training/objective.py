@@ -46,8 +46,7 @@ class WindowLoss(nn.Module):
 
     def forward(self, image_ids: torch.Tensor, actions: torch.Tensor, routes: torch.Tensor | None = None,
                 first_target_frame: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Mean loss and accuracy of windows ``[B, W*P]`` under actions ``[B, W*6, 3]`` and routes ``[B, W*K, 3]`` (or
-        None)."""
+        """Mean loss and accuracy of windows ``[B, W*P]``, actions ``[B, W*6, 3]``, routes ``[B, W*K, 3]`` or None."""
         enabled = self.autocast_dtype is not None
         inputs = noisy_inputs(image_ids, self.input_noise, self.codebook_size) if self.training else image_ids
         with torch.autocast(image_ids.device.type, dtype=self.autocast_dtype, enabled=enabled):
@@ -76,8 +75,7 @@ def noisy_inputs(image_ids: torch.Tensor, most: float, codebook: int) -> torch.T
 
 def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebook: int
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Summed cross-entropy, greedy-correct count and logits gradient of ``[N, V']`` logits; a -1 target counts
-    nowhere."""
+    """Summed cross-entropy, correct count and logits gradient of ``[N, V']`` logits; a -1 target counts nowhere."""
     columns = torch.arange(logits.shape[1], device=logits.device)
     z = logits.to(torch.promote_types(torch.float32, logits.dtype)).masked_fill(columns >= vocab, float("-inf"))
     lse = torch.logsumexp(z, -1)
@@ -91,8 +89,7 @@ def softmax_step(logits: torch.Tensor, targets: torch.Tensor, vocab: int, codebo
 
 @dataclass(frozen=True)
 class HeadLoss:
-    """How :class:`FusedHeadLoss` runs: matmuls in ``dtype``, ``chunk`` positions at a time, gradients when
-    ``grads``."""
+    """How :class:`FusedHeadLoss` runs: matmuls in ``dtype``, ``chunk`` positions at a time, gradients if ``grads``."""
 
     dtype: torch.dtype
     chunk: int

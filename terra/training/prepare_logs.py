@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import itertools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -130,7 +131,8 @@ def prepare_spec(cfg: DictConfig) -> PrepareSpec:
     output = claim_output_dir(required_path(cfg, "output_dir", "the shard folder"), "output_dir",
                               files=[INDEX_FILE, *SHARD_FILES],
                               inputs=[("logs folder", logs), ("tokenizer", tokenizer)], app=APP)
-    if importlib.util.find_spec("av") is None and any(_holds_video(folder) for folder in clips):
+    if importlib.util.find_spec("av") is None and any(path.suffix.lower() in VIDEO_SUFFIXES
+                                                      for folder in clips for path in folder.iterdir()):
         raise TerraInputError("reading the clips' videos needs PyAV: pip install av (or give the frames as images)")
     if (routes == "road" and importlib.util.find_spec("pyarrow") is None
             and any((folder / name).exists() for folder in clips for name in CLIPGT_MAPS)):
@@ -168,9 +170,8 @@ def open_index(spec: PrepareSpec, tokenizer: Any) -> tuple[ShardIndex, dict[str,
 
 def clip_inputs(spec: PrepareSpec, folder: Path, tokenizer: str) -> dict[str, str]:
     """What a clip's shard rows are made from: its folder's content, the tokenizer's digest and the shaping settings."""
-    settings = {"resize": spec.resize, "frame_rate_hz": spec.frame_rate_hz, "routes": spec.routes}
-    return {"tokenizer": tokenizer, "clip": content_digest([folder], "clip file"),
-            "settings": fingerprint(settings)}
+    settings = fingerprint({"resize": spec.resize, "frame_rate_hz": spec.frame_rate_hz, "routes": spec.routes})
+    return {"tokenizer": tokenizer, "clip": content_digest([folder], "clip file"), "settings": settings}
 
 
 def clips_to_redo(index: ShardIndex, damaged: dict[str, str], inputs: dict[str, dict[str, str]]
@@ -250,14 +251,9 @@ def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadP
     clip = open_clip(folder)
     motion = read_motion(clip.trajectory)  # before any frame is decoded
     routes = clip_routes(clip, motion, spec.routes)  # the road read, or the driven path's poses checked
-    kept, batch, codes = Resampled(), [], []
-    for read in clip_frames(clip, tuple(tokenizer.image_size), spec.resize, spec.frame_rate_hz, kept):
-        batch.append(read)
-        if len(batch) == spec.batch_size:
-            codes.append(_encode(tokenizer, pool, batch))
-            on_frames(len(batch))
-            batch = []
-    if batch:
+    kept, codes = Resampled(), []
+    reads = clip_frames(clip, tuple(tokenizer.image_size), spec.resize, spec.frame_rate_hz, kept)
+    while batch := list(itertools.islice(reads, spec.batch_size)):
         codes.append(_encode(tokenizer, pool, batch))
         on_frames(len(batch))
     if len(kept.times) < spec.min_frames:
@@ -285,7 +281,3 @@ def _write(output: Path, index: ShardIndex, split: str, clips: list[PreparedClip
     except OSError as err:
         raise TerraInputError(f"cannot write a shard into output_dir={output} ({err.strerror or err}); free some space "
                               "or choose another output_dir, then rerun to resume") from None
-
-
-def _holds_video(folder: Path) -> bool:
-    return any(p.suffix.lower() in VIDEO_SUFFIXES for p in folder.iterdir())

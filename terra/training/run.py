@@ -89,7 +89,8 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     budget_s = math.inf if spec.max_minutes is None else spec.max_minutes * 60.0
     sums = torch.zeros(3, device=device)  # loss, accuracy, steps since the last log row (summed over processes)
     interval_start, reason, last = time.perf_counter(), "max_steps", {}
-    best = _saved_best(out) if spec.export_best and step > 0 else None  # best/'s step and scores so far
+    saved_best = out / BEST_DIR / BEST_FILE
+    best = json.loads(saved_best.read_text()) if spec.export_best and step > 0 and saved_best.is_file() else None
 
     def validate() -> dict[str, float]:
         nonlocal best
@@ -97,7 +98,8 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
         # every process has the same scores: all agree on an improvement
         if spec.export_best and (best is None or improves(scores, best, spec.best_by)):
             best = {"step": step, **scores}
-            export_best(spec, trainee, processes, best)
+            _write_model(spec, trainee, processes, out / BEST_DIR, best)
+            barrier(processes)
         return scores
 
     try:
@@ -170,8 +172,7 @@ def route_note(route_tokens: int, has_routes: bool, no_route_share: float) -> st
 
 def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, windows: Windows, grad_clip: float
                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One optimizer step over ``accumulation`` micro-batches: mean loss and accuracy (on device) and the unclipped grad
-    norm."""
+    """One optimizer step of ``accumulation`` micro-batches: mean loss and accuracy (on device), unclipped grad norm."""
     loss_sum = acc_sum = torch.zeros((), device=windows.codes.device)
     for k in range(trainee.accumulation):
         with gradient_sync(trainee.module, k == trainee.accumulation - 1):
@@ -201,12 +202,6 @@ def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
     return target
 
 
-def export_best(spec: TrainSpec, trainee: Trainee, processes: Processes, scores: dict[str, float]) -> None:
-    """Write ``best/`` as :func:`export` writes ``model/``, with ``scores`` in :data:`BEST_FILE`."""
-    _write_model(spec, trainee, processes, spec.output_dir / BEST_DIR, scores)
-    barrier(processes)
-
-
 def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target: Path,
                  scores: dict[str, float] | None = None) -> bool:
     """The trained model in Terra's layout at ``target``, atomically; a collective call."""
@@ -218,8 +213,3 @@ def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target
         if scores is not None:
             (folder / BEST_FILE).write_text(json_text(scores) + "\n")
     return True
-
-
-def _saved_best(out: Path) -> dict[str, float] | None:
-    path = out / BEST_DIR / BEST_FILE
-    return json.loads(path.read_text()) if path.is_file() else None

@@ -1,6 +1,4 @@
-"""What a run reports as it goes: ``train_log.jsonl``, TensorBoard events, a progress bar and a line per logged row.
-Only the main process writes.
-"""
+"""What a run reports as it goes (main process only): ``train_log.jsonl``, TensorBoard, a bar, a line per row."""
 
 from __future__ import annotations
 
@@ -33,9 +31,6 @@ class RunLog:
         """Advance the bar by one step (its loss and tokens/s are the last logged row's: no GPU sync per step)."""
         self.bar.update(1)
 
-    def say(self, line: str) -> None:
-        tqdm.write(line)
-
     def write(self, row: dict[str, Any]) -> None:
         """Add one row (a dict with ``step``) to the log and to TensorBoard, and print it (``step=N/max_steps``)."""
         self.file.write(json_text(row) + "\n")
@@ -49,7 +44,7 @@ class RunLog:
         if "loss" in row:
             self.bar.set_postfix_str(f"loss {row['loss']:.3f}, {row['tokens_per_s']:,.0f} tok/s", refresh=False)
         shown = {**row, "step": f"{row['step']}/{self.max_steps}"}
-        self.say(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
+        tqdm.write(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in shown.items()))
 
     def close(self) -> None:
         self.bar.close()

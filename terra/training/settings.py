@@ -197,57 +197,19 @@ class TrainConfig:
     export: ExportBlock = setting(ExportBlock(), "")
 
 
-@dataclass(frozen=True)
-class LoraSpec:
-    """PEFT LoRA settings (``finetune=lora``)."""
+@dataclass(kw_only=True)
+class TrainSpec(TrainBlock):
+    """A checked training run: ``train.*`` as its own fields, the other blocks' settings beside them."""
 
-    rank: int
-    alpha: float
-    dropout: float
-    target_modules: tuple[str, ...]
-    train_action_projection: bool
-    train_position_embeddings: bool
-
-
-@dataclass(frozen=True)
-class TrainSpec:
     data: str  # a tokenized-clips file (terra-tokenize) or a shard folder (terra-prepare-logs)
     val_clips: int  # held-out clips of a tokenized-clips file (a shard folder has its own split)
     recoveries: str | None  # a tokenized-clips file of recovery clips; None: none
     output: OutputDir  # claimed: apart from data and init, replacing only what the toolkit wrote
     resume: bool
     init: str | None  # checkpoint folder to start from; None: a new model of ``net``
-    net: dict[str, Any]  # checked shape of a new model
+    net: NetBlock  # the shape of a new model
     finetune: str  # full | lora
-    lora: LoraSpec | None
-    batch_size: int  # windows per optimizer step, over all processes
-    micro_batch_size: int | None  # windows per process per forward; None: batch_size / processes
-    window: int | None  # frames per window; None: the model's num_temporal_embeddings
-    loss_on_first_frame: bool
-    input_noise: float  # most share of a window's input codes replaced by random ones
-    no_route_share: float  # a route model's share of windows trained without a route
-    recovery_share: float  # with recoveries: the share of windows that are recovery clips'
-    loss_chunk: int  # positions whose logits are computed at once
-    lr: float
-    min_lr_ratio: float
-    warmup_steps: int
-    max_steps: int
-    weight_decay: float
-    betas: tuple[float, float]
-    grad_clip: float
-    seed: int
-    max_minutes: float | None
-    log_every: int
-    eval_every: int
-    ckpt_every: int
-    device: str
-    precision: str  # auto | bf16 | fp32
-    optimizer: str  # adamw | adamw8bit
-    weights_dtype: str  # the trained weights' dtype: float32 | bfloat16 (needs adamw8bit's stochastic rounding)
-    activation_checkpointing: bool | int  # every decoder layer (True), none (False) or the first N
-    attn_implementation: str
-    compile: bool
-    tensorboard: bool
+    lora: LoraBlock | None
     sample_gif: bool  # validation rollouts at every evaluation: val_psnr, and the first as a GIF
     sample_context: int
     sample_clips: int  # validation clips rolled out
@@ -285,15 +247,13 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
                               inputs=[("data.tokens", data), ("data.recoveries", recoveries),
                                       ("init checkpoint", init)], app=APP)
     train = {key.removeprefix("train."): value for key, value in values.items() if key.startswith("train.")}
-    net = {key: value for key, value in values.items() if key.startswith("net.")}
-    net["action_projection_type"] = net.pop("net.action_projection_type")
+    _check_memory(train["optimizer"], train["weights_dtype"])
+    net = NetBlock(**{key.removeprefix("net."): value for key, value in values.items() if key.startswith("net.")})
     lora = {key.removeprefix("lora."): value for key, value in values.items() if key.startswith("lora.")}
     return TrainSpec(
         data=data, val_clips=values["data.val_clips"], recoveries=recoveries, output=output,
         resume=values["resume"], init=init, net=net, finetune=finetune,
-        lora=LoraSpec(**lora) if finetune == "lora" else None,
-        **_memory(train),
-        **{key: value for key, value in train.items() if key not in ("optimizer", "weights_dtype")},
+        lora=LoraBlock(**lora) if finetune == "lora" else None, **train,
         sample_gif=values["sample.gif"], sample_context=values["sample.num_context"],
         sample_clips=values["sample.clips"], export_dtype=values["export.dtype"],
         export_max_shard_size=values["export.max_shard_size"], export_adapter=values["export.adapter"],
@@ -302,15 +262,13 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
     )
 
 
-def _memory(train: dict[str, Any]) -> dict[str, Any]:
-    optimizer, weights = train["optimizer"], train["weights_dtype"]
+def _check_memory(optimizer: str, weights: str) -> None:
     if optimizer == "adamw8bit" and importlib.util.find_spec("torchao") is None:
         raise TerraInputError("train.optimizer=adamw8bit needs torchao, which is not installed; "
                               "pip install 'terra-world-model[train8bit]', or set train.optimizer=adamw")
     if weights == "bfloat16" and optimizer != "adamw8bit":
         raise TerraInputError("train.weights_dtype=bfloat16 needs train.optimizer=adamw8bit (its stochastic "
                               "rounding keeps updates smaller than bf16's step); set both, or weights_dtype=float32")
-    return {"optimizer": optimizer, "weights_dtype": weights}
 
 
 def _best_by(metric: str, sample_gif: bool) -> str:
@@ -328,6 +286,4 @@ def _init_folder(cfg: DictConfig) -> str | None:
             raise TerraInputError(f"init={shown(init)} is not a folder; point it at a checkpoint (config.json + "
                                   "safetensors), or use model=terra_v1 terra_root=/path/to/Terra")
         return init
-    if not cfg.get("model"):  # no model= picked
-        return None
-    return checkpoint_path(cfg, "model", "world_model")
+    return checkpoint_path(cfg, "model", "world_model") if cfg.get("model") else None  # None: no model= picked

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -65,9 +65,7 @@ class ShardIndex:
                 "grid": list(self.grid),
                 "image_size": list(self.image_size), "frame_rate_hz": self.frame_rate_hz,
                 "tokenizer": self.tokenizer, "routes": self.routes,
-                "shards": [{"file": e.file, "split": e.split,
-                            "clips": [{"id": c.id, "frames": c.frames, "inputs": c.inputs} for c in e.clips]}
-                           for e in self.shards]}
+                "shards": [asdict(entry) for entry in self.shards]}
 
 
 def read_index(folder: str | Path) -> ShardIndex:
@@ -144,8 +142,7 @@ def shard_damage(folder: str | Path, index: ShardIndex, entry: ShardEntry) -> st
 def write_shard(folder: str | Path, index: ShardIndex, split: str, clips: list[tuple[str, np.ndarray, np.ndarray]],
                 routes: list[np.ndarray | None] | None = None, inputs: dict[str, dict[str, str]] | None = None
                 ) -> ShardEntry:
-    """Write one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``, ``routes [T, M, 3]``) to the
-    index."""
+    """Add one shard of ``clips`` (``(id, codes [T, h, w], actions [T, 6, 3])``, ``routes [T, M, 3]``) to the index."""
     folder = Path(folder)
     number = 1 + max((int(e.file[len(split) + 1:-len(".safetensors")]) for e in index.shards if e.split == split),
                      default=-1)

@@ -74,29 +74,19 @@ def tokenize_dataset(dataset: ClipDataset, tokenizer: Any, batch_size: int = 64,
     routes = None if route_points is None else np.empty((len(dataset), frames_per_clip, route_points, 3),
                                                         dtype=np.float32)
     off_pose = np.zeros(len(dataset), dtype=np.int64)
-    flat = codes.reshape(-1, *tokenizer.grid_shape)
+    clips_per_call = -(-batch_size // frames_per_clip)  # whole clips, at least batch_size frames an encoder call
     pending: list[np.ndarray] = []
-    done = 0
-
-    @torch.no_grad()
-    def flush() -> None:
-        nonlocal done
-        batch = torch.from_numpy(np.concatenate(pending)).to(device)
-        images = rearrange(batch, "b h w c -> b c h w").float() / 127.5 - 1.0
-        flat[done : done + len(batch)] = tokenizer.encode(images).cpu().numpy()
-        done += len(batch)
-        pending.clear()
-
-    with Progress(len(dataset), "tokenizing", "clip", enabled=progress) as bar:
+    with torch.no_grad(), Progress(len(dataset), "tokenizing", "clip", enabled=progress) as bar:
         for i, clip in enumerate(bar.counted(dataset)):
             actions[i], poses[i], off_pose[i] = clip.actions, clip.poses, clip.off_pose_frames
             if routes is not None:
                 routes[i] = clip.routes
             pending.append(clip.frames)
-            if sum(len(p) for p in pending) >= batch_size:
-                flush()
-        if pending:
-            flush()
+            if len(pending) == clips_per_call or i == len(dataset) - 1:
+                images = rearrange(torch.from_numpy(np.concatenate(pending)).to(device), "b h w c -> b c h w")
+                encoded = tokenizer.encode(images.float() / 127.5 - 1.0).cpu().numpy()
+                codes[i + 1 - len(pending):i + 1] = encoded.reshape(len(pending), *codes.shape[1:])
+                pending.clear()
     return TokenizedClips(codes=codes, actions=actions, poses=poses, codebook_size=int(tokenizer.codebook_size),
                           image_size=dataset.image_size, source=str(dataset.path), routes=routes,
                           off_pose_frames=off_pose)

@@ -18,15 +18,15 @@ from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
 from terra.core.atomic import atomic_path, json_text, mark, write_text
 from terra.core.device import resolve_device
-from terra.core.errors import TerraInputError, error_reason
+from terra.core.errors import TerraInputError
 from terra.metrics import psnr_db
 from terra.sim import render_frames
 from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from terra.tokenizer.base import TrainOutput, WEIGHTS_NAME
 from terra.tokenizer.images import load_frames
-from terra.training.checkpoint import discard, swap_in
-from terra.training.tokenizer_settings import (CHECKPOINT, DiscriminatorSpec, FramesSpec, LOG, SUMMARY,
-                                               TokenizerModelSpec, TokenizerTrainSpec)
+from terra.training.checkpoint import checkpoint_step, discard, swap_in
+from terra.training.tokenizer_settings import (CHECKPOINT, LOG, SUMMARY, DataBlock, DiscBlock, ModelBlock,
+                                               TokenizerTrainSpec)
 
 
 class PatchDiscriminator(nn.Module):
@@ -59,25 +59,15 @@ def hinge_d_loss(logits_real: torch.Tensor, logits_fake: torch.Tensor) -> torch.
     return 0.5 * (F.relu(1.0 - logits_real).mean() + F.relu(1.0 + logits_fake).mean())
 
 
-def hinge_g_loss(logits_fake: torch.Tensor) -> torch.Tensor:
-    return -logits_fake.mean()
-
-
 def gradient_l1(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """L1 between horizontal and vertical finite differences: a download-free sharpness term."""
-    dx = lambda t: t[..., :, 1:] - t[..., :, :-1]  # noqa: E731
-    dy = lambda t: t[..., 1:, :] - t[..., :-1, :]  # noqa: E731
-    return (dx(x) - dx(y)).abs().mean() + (dy(x) - dy(y)).abs().mean()
+    return sum((torch.diff(x, dim=dim) - torch.diff(y, dim=dim)).abs().mean() for dim in (-1, -2))
 
 
 def psnr(reconstruction: torch.Tensor, target: torch.Tensor) -> float:
     """PSNR in dB of images in [-1, 1]."""
     mse = ((reconstruction.detach().float().clamp(-1, 1) - target.float()) / 2).pow(2).mean().item()
     return psnr_db(max(mse, 1e-10), peak=1.0)
-
-
-def make_ema(model: nn.Module, decay: float) -> AveragedModel:
-    return AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(decay), use_buffers=True)
 
 
 def lr_factor(step: int, warmup_steps: int, max_steps: int, min_ratio: float = 0.1) -> float:
@@ -118,20 +108,17 @@ class CodeUsage:
         p = self.counts.float() / self.counts.sum()
         return math.exp(-(p[p > 0] * p[p > 0].log()).sum().item())
 
-    def reset(self) -> None:
-        self.counts = None
-
 
 TOKENIZERS: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQTokenizer}  # by model.family
 STATE = "training_state.pt"  # in a checkpoint, written last
 
 
-def build_tokenizer(model: TokenizerModelSpec) -> ImageTokenizer:
+def build_tokenizer(model: ModelBlock) -> ImageTokenizer:
     return TOKENIZERS[model.family].from_config(model.config, "model.config",
                                                 "fix the model.config settings (conf/train_tokenizer/model/)")
 
 
-def training_frames(data: FramesSpec, image_size: tuple[int, int], output_dir: Path) -> np.ndarray:
+def training_frames(data: DataBlock, image_size: tuple[int, int], output_dir: Path) -> np.ndarray:
     """All training frames, uint8 ``[N, H, W, 3]`` at the tokenizer's size."""
     if data.source == "folder":
         return load_frames(data.path, image_size)
@@ -173,7 +160,8 @@ class Trainees:
         run = spec.train
         model = build_tokenizer(spec.model).to(device=device, memory_format=memory_format).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=run.betas, weight_decay=run.weight_decay)
-        ema = make_ema(model, run.ema_decay) if run.ema_decay is not None else None
+        ema = None if run.ema_decay is None else AveragedModel(
+            model, multi_avg_fn=get_ema_multi_avg_fn(run.ema_decay), use_buffers=True)
         disc = disc_optimizer = None
         if spec.disc is not None:
             _check_disc_depth(spec.disc, model.image_size)
@@ -210,7 +198,7 @@ class Trainees:
         return saved
 
 
-def _check_disc_depth(disc: DiscriminatorSpec, image_size: tuple[int, int]) -> None:
+def _check_disc_depth(disc: DiscBlock, image_size: tuple[int, int]) -> None:
     """Check ``disc.layers`` leaves the discriminator patches to judge."""
     side = min(image_size)
     if patch_grid_side(side, disc.layers) < 1:
@@ -222,15 +210,9 @@ def _check_disc_depth(disc: DiscriminatorSpec, image_size: tuple[int, int]) -> N
 
 def find_checkpoint(output_dir: Path) -> Path | None:
     """The newest complete checkpoint: ``checkpoint/``, or ``checkpoint.tmp/`` or ``checkpoint.old/`` after a kill."""
-    found = []
-    for name in (CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"):
-        if (output_dir / name / STATE).is_file():
-            try:
-                step = int(torch.load(output_dir / name / STATE, map_location="cpu", weights_only=True)["step"])
-            except Exception as err:  # noqa: BLE001  (a damaged file)
-                raise TerraInputError(f"the checkpoint in {output_dir / name} is damaged ({STATE}: "
-                                      f"{error_reason(err)}); restore it or set train.resume=false") from None
-            found.append((step, output_dir / name))
+    folders = [output_dir / name for name in (CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old")]
+    found = [(step, folder) for folder in folders
+             if (step := checkpoint_step(folder, STATE, "restore it or set train.resume=false")) is not None]
     return max(found, key=lambda pair: pair[0])[1] if found else None
 
 
@@ -251,7 +233,7 @@ def train_step(
     gan = t.disc is not None and step >= spec.disc.start_step
     if gan:
         with autocast:
-            g_loss = hinge_g_loss(t.disc(recon).float())
+            g_loss = -t.disc(recon).float().mean()  # the hinge loss's generator side
         loss = loss + spec.disc.weight * g_loss
     t.optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -279,7 +261,7 @@ def train(spec: TokenizerTrainSpec) -> dict[str, Any]:
 
 def _train(spec: TokenizerTrainSpec) -> dict[str, Any]:
     t0 = time.monotonic()
-    run, output_dir = spec.train, spec.train.output_dir
+    run, output_dir = spec.train, spec.train.output.path
     device = torch.device(resolve_device(run.device))
     torch.manual_seed(run.seed)
     if device.type == "cuda":
@@ -340,8 +322,7 @@ def _train(spec: TokenizerTrainSpec) -> dict[str, Any]:
                               "lr": run.lr * factor, "code_usage": usage.fraction_used(),
                               "code_perplexity": usage.perplexity(),
                               "steps_per_s": len(window) / max(1e-9, time.monotonic() - window_t0)})
-            window, window_t0 = [], time.monotonic()
-            usage.reset()
+            window, window_t0, usage = [], time.monotonic(), CodeUsage(model.codebook_size)
         if device.type == "cuda":
             torch.cuda.synchronize()
         took = time.monotonic() - tick

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from omegaconf import DictConfig
@@ -109,95 +108,32 @@ class TrainTokenizerConfig:
     disc: DiscBlock = setting(DiscBlock(), "")
 
 
-@dataclass(frozen=True)
-class TokenizerModelSpec:
-    """``model``: which tokenizer family to train, and its config (checked by the family's class when built)."""
+@dataclass
+class TrainingRun(TrainBlock):
+    """``train`` checked, with its run folder and export folder claimed."""
 
-    family: str  # lfq | vq
-    config: dict[str, Any]  # plain values, interpolations resolved
-
-
-@dataclass(frozen=True)
-class FramesSpec:
-    source: str  # synthetic | folder
-    path: str | None  # source=folder: a folder, glob or video file; None with source=synthetic
-    num_frames: int  # source=synthetic: frames rendered once and cached in the output folder
-    workers: int
-    seed: int  # the synthetic frames' and the batches'
-    hflip: bool
-    device_cache_gb: float
-
-
-@dataclass(frozen=True)
-class TrainingRun:
-    """``train``: where the run writes, on which device, the optimiser and its schedule, logging and export."""
-
-    output: OutputDir  # claimed: checkpoint/, train_log.jsonl, summary.json, the synthetic frames' cache
-    export: OutputDir  # claimed: the trained tokenizer
-    export_dir: str  # the setting as given, as summary.json and the last line name it
-    export_dtype: str  # bfloat16 | float32
-    device: str
-    seed: int
-    batch_size: int
-    max_steps: int
-    max_minutes: float | None  # None: no budget
-    resume: bool
-    lr: float
-    min_lr_ratio: float
-    warmup_steps: int
-    betas: tuple[float, float]
-    weight_decay: float
-    grad_clip: float | None  # None: no clipping
-    ema_decay: float | None  # None: no EMA
-    bf16: bool
-    compile: bool
-    log_every: int
-    checkpoint_every: int
-    eval_frames: int
-
-    @property
-    def output_dir(self) -> Path:
-        return self.output.path
-
-
-@dataclass(frozen=True)
-class LossWeights:
-    """``loss``: the weights of the reconstruction terms and of the family's quantiser losses."""
-
-    l1: float
-    l2: float
-    gradient: float
-    quantizer: float
-
-
-@dataclass(frozen=True)
-class DiscriminatorSpec:
-    """``disc`` when enabled: the PatchGAN discriminator and its hinge loss."""
-
-    start_step: int
-    weight: float
-    lr: float
-    ch: int
-    layers: int
+    output: Optional[OutputDir] = None  # checkpoint/, train_log.jsonl, summary.json, the synthetic frames' cache
+    export: Optional[OutputDir] = None  # the trained tokenizer
 
 
 @dataclass(frozen=True)
 class TokenizerTrainSpec:
-    model: TokenizerModelSpec
-    data: FramesSpec
+    model: ModelBlock
+    data: DataBlock
     train: TrainingRun
-    loss: LossWeights
-    disc: DiscriminatorSpec | None  # None: disc.enabled=false
+    loss: LossBlock
+    disc: DiscBlock | None  # None: disc.enabled=false
     record: dict[str, Any]  # the settings as given, kept in summary.json (Hydra writes nothing into the run folder)
 
 
 def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
     """Check settings once and return them as a :class:`TokenizerTrainSpec` (no torch)."""
     values = check_schema(cfg, TrainTokenizerConfig)
-    model, data = TokenizerModelSpec(**block(values, "model")), _frames(block(values, "data"))
+    data = _frames(block(values, "data"))
     disc = _disc(block(values, "disc")) if values["disc.enabled"] else None
-    return TokenizerTrainSpec(model=model, data=data, train=_run(cfg, block(values, "train"), data),
-                              loss=LossWeights(**block(values, "loss")), disc=disc, record=plain(cfg))
+    return TokenizerTrainSpec(model=ModelBlock(**block(values, "model")), data=data,
+                              train=_run(cfg, block(values, "train"), data), loss=LossBlock(**block(values, "loss")),
+                              disc=disc, record=plain(cfg))
 
 
 def block(values: dict[str, Any], name: str) -> dict[str, Any]:
@@ -205,26 +141,24 @@ def block(values: dict[str, Any], name: str) -> dict[str, Any]:
     return {key.partition(".")[2]: value for key, value in values.items() if key.startswith(f"{name}.")}
 
 
-def _frames(values: dict[str, Any]) -> FramesSpec:
+def _frames(values: dict[str, Any]) -> DataBlock:
     if values["source"] == "folder" and not values["path"]:
         raise TerraInputError("data.path is required with data.source=folder; pass a folder, glob or video")
-    path = values["path"] if values["source"] == "folder" else None
-    return FramesSpec(**{**values, "path": path})
+    return DataBlock(**{**values, "path": values["path"] if values["source"] == "folder" else None})
 
 
-def _run(cfg: DictConfig, values: dict[str, Any], data: FramesSpec) -> TrainingRun:
+def _run(cfg: DictConfig, values: dict[str, Any], data: DataBlock) -> TrainingRun:
     inputs = [("data.path", data.path)]
     output = claim_output_dir(required_path(cfg, "train.output_dir", "the run folder"), "train.output_dir",
                               files=[LOG, SUMMARY, SYNTHETIC_FRAMES],
                               whole=[CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old"], inputs=inputs, app=APP)
     export = claim_output_dir(required_path(cfg, "train.export_dir", "the trained tokenizer's folder"),
                               "train.export_dir", files=EXPORT_FILES, inputs=inputs, app=APP)
-    values = {key: value for key, value in values.items() if key != "output_dir"}
     return TrainingRun(output=output, export=export, **{**values, "export_dir": str(values["export_dir"])})
 
 
-def _disc(values: dict[str, Any]) -> DiscriminatorSpec:
+def _disc(values: dict[str, Any]) -> DiscBlock:
     """``disc.ch`` a multiple of 16 (GroupNorm of 32 groups over 2·ch channels)."""
     if values["ch"] % 16:
         raise TerraInputError(f"disc.ch must be a multiple of 16 (got {values['ch']}); e.g. disc.ch=64")
-    return DiscriminatorSpec(**{key: value for key, value in values.items() if key != "enabled"})
+    return DiscBlock(**values)

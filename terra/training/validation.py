@@ -1,15 +1,16 @@
-"""A training run's validation: held-out clips' loss and accuracy, sample rollouts' PSNR and GIF, and the best so
-far."""
+"""A training run's validation: held-out clips' loss and accuracy, rollouts' PSNR and GIF, and the best so far."""
 
 from __future__ import annotations
 
 import time
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from terra.config.sampling import SamplingConfig
 from terra.core.atomic import atomic_path
@@ -61,14 +62,14 @@ def validation_scores(spec: TrainSpec, trainee: Trainee, data: TrainingData, val
     val = validation.clips
     if log is not None:
         rollouts = f" and greedy rollouts of {min(len(val), spec.sample_clips)}" if validation.preview else ""
-        log.say(f"validation at step {step}/{spec.max_steps}: loss on {len(val)} clips{rollouts} ...")
+        tqdm.write(f"validation at step {step}/{spec.max_steps}: loss on {len(val)} clips{rollouts} ...")
     scores = _losses(trainee, data, val, processes)
     if validation.preview:
         scores["val_psnr"] = _rollout_psnr(spec, trainee, validation.tokenizer, data, val[:spec.sample_clips],
                                            processes, spec.output_dir / SAMPLES_DIR / f"step{step:07d}.gif")
     if log is not None:
-        log.say(f"validation at step {step}/{spec.max_steps} done in {time.perf_counter() - began:.1f} s: "
-                + " ".join(f"{k}={v:.4g}" for k, v in scores.items()))
+        tqdm.write(f"validation at step {step}/{spec.max_steps} done in {time.perf_counter() - began:.1f} s: "
+                   + " ".join(f"{k}={v:.4g}" for k, v in scores.items()))
     return scores
 
 
@@ -93,17 +94,16 @@ def _losses(trainee: Trainee, data: TrainingData, val: list[int], processes: Pro
 def _scores(trainee: Trainee, clips: ClipSet, chosen: list[int], processes: Processes, name: str
             ) -> dict[str, float]:
     """``{name}_loss``, ``{name}_acc`` (and ``{name}_loss_no_route``) over the first windows of the chosen clips."""
-    totals: dict[str, float] = {}
+    totals: dict[str, float] = defaultdict(float)
     for lo in range(0, len(chosen), trainee.micro_batch):
         part = chosen[lo:lo + trainee.micro_batch]
         windows = stack_windows(clips, part, [0] * len(part), trainee.frames).to(processes.device)
         loss, acc = trainee.module(*windows)
-        totals[f"{name}_loss"] = totals.get(f"{name}_loss", 0.0) + float(loss) * len(part)
-        totals[f"{name}_acc"] = totals.get(f"{name}_acc", 0.0) + float(acc) * len(part)
+        totals[f"{name}_loss"] += float(loss) * len(part)
+        totals[f"{name}_acc"] += float(acc) * len(part)
         if windows.routes is not None:
             blind, _ = trainee.module(*windows._replace(routes=None))
-            key = f"{name}_loss_no_route"
-            totals[key] = totals.get(key, 0.0) + float(blind) * len(part)
+            totals[f"{name}_loss_no_route"] += float(blind) * len(part)
     return {key: total / max(len(chosen), 1) for key, total in totals.items()}
 
 
@@ -124,10 +124,7 @@ GREEDY = SamplingConfig(temperature=0.0)
 
 def validation_rollouts(path: Path, model: LlamaActionForCausalLM, tokenizer, clips: ClipSet, ids: Sequence[int],
                         frames: int, num_context: int, device: torch.device) -> float:
-    """Roll ``model`` out over the clips ``ids`` from ``num_context`` frames; return the mean PSNR (dB).
-
-    The first clip (left) beside its rollout (right) is written to ``path`` as a GIF.
-    """
+    """Mean PSNR (dB) of ``model``'s rollouts of ``ids`` after ``num_context`` frames; the first's GIF at ``path``."""
     grid = tokenizer.grid_shape
     pipeline = WorldModelPipeline(tokenizer, model_backend(model, device, streams=len(ids)), str(device))
     windows = [clips.window(clip, 0, frames)[:2] for clip in ids]
