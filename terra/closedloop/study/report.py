@@ -154,11 +154,6 @@ def within_line(verdict: WorldVerdict) -> str | None:
     return f"  - {inner}"
 
 
-def run_lines(settings: dict) -> list[str]:
-    """The run's settings as a list."""
-    return [f"- {key}: {value}" for key, value in settings.items()]
-
-
 def legend() -> list[str]:
     """Every judged statistic: its band, what it rests on and what it shows; then how decisions are made."""
     lines = ["| statistic | band | rests on | what it shows |", "|---|---|---|---|"]
@@ -287,12 +282,7 @@ class StudyReport:
 
     def sentences(self) -> list[str]:
         """A world's sentences each (the model's first), then the probes' lines."""
-        lines = []
-        for v in self.verdicts:
-            lines.append(f"- {headline(v)}")
-            inner = within_line(v)
-            if inner is not None:
-                lines.append(inner)
+        lines = [line for v in self.verdicts for line in (f"- {headline(v)}", within_line(v)) if line is not None]
         return lines + [probe_line(name, row["difference"]) for name, row in self.policies.items()
                         if name in PROBE_POLICIES]
 
@@ -308,10 +298,6 @@ class StudyReport:
                              for name, row in self.policies.items()},
                 "exploitability": None if self.exploitability is None else self.exploitability.as_dict()}
 
-    def opening(self) -> list[str]:
-        """A sentence per world, the probes' lines, then the run's settings."""
-        return ["# Fidelity verdict", "", *self.sentences(), "", "## Run", *run_lines(self.settings)]
-
     def terminal(self) -> str:
         """What the terminal shows, as plain text."""
         lines = ["Fidelity verdict (the whole report: fidelity.md)", "", text_table(world_rows(self.verdicts)), "",
@@ -320,8 +306,9 @@ class StudyReport:
 
     def table(self) -> str:
         """Markdown (fidelity.md)."""
-        lines = [*self.opening(), "", "## Statistics", *legend(), "", "## Fidelity horizons",
-                 *horizon_table(self.verdicts), "", "## Verdicts", verdict_table(self.verdicts),
+        lines = ["# Fidelity verdict", "", *self.sentences(), "", "## Run",
+                 *(f"- {key}: {value}" for key, value in self.settings.items()), "", "## Statistics", *legend(), "",
+                 "## Fidelity horizons", *horizon_table(self.verdicts), "", "## Verdicts", verdict_table(self.verdicts),
                  *separation_lines(self.separations(), self.verdicts), "", "## Policies"]
         titles = " | ".join(f"{title} (model / truth; model - truth)" for title, _ in COLUMNS.values())
         lines += [f"\n| policy | {titles} | path distance m | following gain dx (model) |",
@@ -414,11 +401,6 @@ class StudyFolders:
     lock: str = REPORT_FILES[0]  # the file naming the lock of ``top`` this run holds (one run of each part at a time)
 
 
-def in_shard(world: str, shard_worlds: str) -> bool:
-    """Whether a process of ``shard_worlds`` (:data:`SHARD_WORLDS`) drives the study's ``world``."""
-    return shard_worlds == "all" or (world in MODEL_WORLDS) == (shard_worlds == "engine")
-
-
 def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequence[Hashable], worlds: Sequence[str],
                  num_control_scenarios: int | None = None, num_control_seeds: int | None = None
                  ) -> dict[str, list[str]]:
@@ -443,7 +425,8 @@ def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], video
                         shard_worlds: str = "all") -> StudyFolders:
     """The folders of a fidelity study of ``drive_ids`` that this run drives, checked before any work."""
     report = manifest == MANIFEST and shard_worlds == "all"
-    drive_ids = {world: ids for world, ids in drive_ids.items() if in_shard(world, shard_worlds)}
+    drive_ids = {world: ids for world, ids in drive_ids.items()
+                 if shard_worlds == "all" or (world in MODEL_WORLDS) == (shard_worlds == "engine")}
     top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=tuple(drive_ids),
                            inputs=inputs, app=APP)
     folders = {world: claim_drive_folder(top.path / world, ids, videos, manifest, setting=f"{setting}/{world}")
