@@ -53,28 +53,32 @@ class GrayWorld(FrozenWorld):
 
 
 @dataclass
-class KeptDrive:
-    """A drive of a control world whose frames are made of true renders at poses the car reached."""
+class ControlDrive:
+    """A drive of a control world made of true renders: its scenario, the control's state and the renders it kept."""
 
     scenario: Scenario
     state: Any = None
     renders: dict[bytes, np.ndarray] = field(default_factory=dict)
 
 
-class KeepingWorld(TrueWorld):
-    """A true world whose drives keep the renders it makes (:meth:`rendered`) at poses the car reached."""
+class ControlWorld(TrueWorld):
+    """A true world whose drives carry the control's state (:meth:`start`)."""
 
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> KeptDrive:
-        return KeptDrive(super().open(scenario, seed, max_frames), self.start(scenario))
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> ControlDrive:
+        return ControlDrive(super().open(scenario, seed, max_frames), self.start(scenario))
 
     def start(self, scenario: Scenario) -> Any:
         """The control's state at a drive's start (none)."""
         return None
 
-    def context_frames(self, drive: KeptDrive) -> np.ndarray:
+    def context_frames(self, drive: ControlDrive) -> np.ndarray:
         return super().context_frames(drive.scenario)
 
-    def rendered(self, drives: Sequence[KeptDrive], poses: Sequence[np.ndarray]) -> list[np.ndarray | BaseException]:
+
+class KeepingWorld(ControlWorld):
+    """A control world whose drives keep the renders it makes (:meth:`rendered`) at poses the car reached."""
+
+    def rendered(self, drives: Sequence[ControlDrive], poses: Sequence[np.ndarray]) -> list[np.ndarray | BaseException]:
         """The true renders at world ``poses`` the car reached, each kept on its drive."""
         frames = TrueWorld.step(self, [drive.scenario for drive in drives], None, poses)
         for drive, pose, frame in zip(drives, poses, frames):
@@ -82,7 +86,7 @@ class KeepingWorld(TrueWorld):
                 drive.renders[pose_key(pose)] = frame
         return frames
 
-    def true_renders(self, drive: KeptDrive) -> dict[bytes, np.ndarray]:
+    def true_renders(self, drive: ControlDrive) -> dict[bytes, np.ndarray]:
         return drive.renders
 
 
@@ -135,7 +139,7 @@ class OffsetCameraWorld(TrueWorld):
         return super().step(drives, actions, [shifted_left(pose, self.metres) for pose in poses])
 
 
-class FastWorld(TrueWorld):
+class FastWorld(ControlWorld):
     """True renders ``factor`` times as far along the road from the start as the car is."""
 
     name = "fast"
@@ -144,24 +148,21 @@ class FastWorld(TrueWorld):
         super().__init__(image_size)
         self.factor = factor
 
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Scenario, float]:
-        drive = super().open(scenario, seed, max_frames)
-        return drive, scenario.scene.arc_length(scenario.start_pose)
-
-    def context_frames(self, drive) -> np.ndarray:
-        return super().context_frames(drive[0])
+    def start(self, scenario: Scenario) -> float:
+        return scenario.scene.arc_length(scenario.start_pose)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         shown = []
-        for (scenario, start), pose in zip(drives, poses):
+        for drive, pose in zip(drives, poses):
             x, y, yaw = np.asarray(pose, dtype=np.float64)
-            s, d = (v[0] for v in scenario.scene.road_coords(np.array([x]), np.array([y])))
-            ahead = scenario.scene.lane_pose(start + self.factor * (s - start), d)
-            shown.append(ahead + [0.0, 0.0, yaw - scenario.scene.road_pose(s)[2]])
-        return super().step([scenario for scenario, _ in drives], actions, shown)
+            scene, start = drive.scenario.scene, drive.state
+            s, d = (v[0] for v in scene.road_coords(np.array([x]), np.array([y])))
+            ahead = scene.lane_pose(start + self.factor * (s - start), d)
+            shown.append(ahead + [0.0, 0.0, yaw - scene.road_pose(s)[2]])
+        return super().step([drive.scenario for drive in drives], actions, shown)
 
 
-class TurningWorld(TrueWorld):
+class TurningWorld(ControlWorld):
     """True renders from a camera that has turned ``factor`` times as much as the car since the start."""
 
     name = "under_turning"
@@ -170,21 +171,18 @@ class TurningWorld(TrueWorld):
         super().__init__(image_size)
         self.factor = factor
 
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Scenario, list[float]]:
-        yaw = float(scenario.start_pose[2])
-        return super().open(scenario, seed, max_frames), [yaw, 0.0]  # the last yaw, the turn since the start
-
-    def context_frames(self, drive) -> np.ndarray:
-        return super().context_frames(drive[0])
+    def start(self, scenario: Scenario) -> list[float]:
+        return [float(scenario.start_pose[2]), 0.0]  # the last yaw, the turn since the start
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         shown = []
-        for (_, turn), pose in zip(drives, poses):
+        for drive, pose in zip(drives, poses):
             x, y, yaw = np.asarray(pose, dtype=np.float64)
+            turn = drive.state
             turn[1] += float(np.angle(np.exp(1j * (yaw - turn[0]))))  # unwrapped
             turn[0] = yaw
             shown.append(np.array([x, y, yaw + (self.factor - 1.0) * turn[1]]))
-        return super().step([scenario for scenario, _ in drives], actions, shown)
+        return super().step([drive.scenario for drive in drives], actions, shown)
 
 
 class StutterWorld(KeepingWorld):
@@ -228,7 +226,8 @@ def straightened(action: np.ndarray) -> np.ndarray:
 
 
 class ModelControlWorld:
-    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own)."""
+    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own); the rest,
+    context frames to close, the model world's own."""
 
     def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray] | None = None,
                  road_of: Callable[[Scenario], Road] | None = None) -> None:
@@ -239,8 +238,8 @@ class ModelControlWorld:
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> Any:
         return self.model.open(scenario, seed, max_frames, None if self.road_of is None else self.road_of(scenario))
 
-    def context_frames(self, drive) -> np.ndarray:
-        return self.model.context_frames(drive)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         generate, decode = self.model.generate_s, self.model.decode_s
@@ -250,22 +249,6 @@ class ModelControlWorld:
         self.generate_s += self.model.generate_s - generate
         self.decode_s += self.model.decode_s - decode
         return frames
-
-    def reference_frames(self, drive) -> np.ndarray | None:
-        """The true frames through the model's tokenizer."""
-        return self.model.reference_frames(drive)
-
-    def true_renders(self, drive) -> dict[bytes, np.ndarray] | None:
-        return self.model.true_renders(drive)
-
-    def route_source(self, drive) -> str | None:
-        return self.model.route_source(drive)
-
-    def route_told(self, drive) -> list[str] | None:
-        return self.model.route_told(drive)
-
-    def close(self, drive) -> None:
-        self.model.close(drive)
 
 
 def _named(cls: type, name: str, **options: Any) -> Callable[[Sequence[int]], Any]:
