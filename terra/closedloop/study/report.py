@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
 
@@ -14,7 +13,7 @@ from terra.closedloop.loop import DriveSpec
 from terra.closedloop.recording.files import APP, claim_drive_folder
 from terra.closedloop.recording.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.study.control_worlds import MODEL_WORLDS
-from terra.closedloop.study.exploit import ExploitStudy, exploit_lines, exploit_study
+from terra.closedloop.study.exploit import ExploitStudy, exploit_lines
 from terra.closedloop.study.horizons import PARTS, WorldHorizon, cut_at, within, world_horizon
 from terra.closedloop.study.statistics import (
     OUTCOMES, RANK_METRIC, STATISTICS, following_gain, metric_value, statistic, value_or_reason,
@@ -436,20 +435,14 @@ def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], video
 
 
 def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
-              model_settings: dict | None = None, plan_following=None,
-              folders: StudyFolders | None = None, exploit: bool = False,
-              num_control_scenarios: int | None = None, num_control_seeds: int | None = None,
-              within_horizon: bool = False) -> StudyReport | None:
+              num_control_scenarios: int | None = None) -> StudyReport | None:
     """Drive every spec in every world into ``settings.output_dir``/<world>, judge them and write the report."""
-    if folders is None:
-        scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
-        ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
-                           num_control_scenarios, num_control_seeds)
-        folders = claim_study_folders(settings.output_dir, ids, settings.videos, settings.manifest,
-                                      [item for spec in specs for item in spec.scenario.reads])
-    runner = LocalDrives(worlds, specs, model_settings or {}, plan_following)
-    study = partial(exploit_study, worlds, specs, settings) if exploit else None
-    report, _ = study_run(runner, settings, folders, study, within_horizon)
+    scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
+    ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
+                       num_control_scenarios)
+    folders = claim_study_folders(settings.output_dir, ids, settings.videos, settings.manifest,
+                                  [item for spec in specs for item in spec.scenario.reads])
+    report, _ = study_run(LocalDrives(worlds, specs), settings, folders)
     return report
 
 
