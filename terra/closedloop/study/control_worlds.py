@@ -101,16 +101,12 @@ class MirroredWorld(KeepingWorld):
 
 
 class LateWorld(KeepingWorld):
-    """The true renders ``delay`` steps late."""
+    """The true renders :data:`LATE_STEPS` steps late."""
 
     name = "late"
 
-    def __init__(self, image_size: Sequence[int], delay: int = LATE_STEPS) -> None:
-        super().__init__(image_size)
-        self.delay = delay
-
     def start(self, scenario: Scenario) -> list[np.ndarray]:
-        return [np.asarray(scenario.start_pose, dtype=np.float64)] * self.delay  # the poses shown next
+        return [np.asarray(scenario.start_pose, dtype=np.float64)] * LATE_STEPS  # the poses shown next
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         shown = []
@@ -186,13 +182,9 @@ class TurningWorld(ControlWorld):
 
 
 class StutterWorld(KeepingWorld):
-    """The true renders, with every ``period``-th step's frame the previous frame again."""
+    """The true renders, with every :data:`STUTTER_PERIOD`-th step's frame the previous frame again."""
 
     name = "stutter"
-
-    def __init__(self, image_size: Sequence[int], period: int = STUTTER_PERIOD) -> None:
-        super().__init__(image_size)
-        self.period = period
 
     def start(self, scenario: Scenario) -> list:
         return [0, scenario.images[-1]]  # steps, the last frame shown
@@ -203,7 +195,7 @@ class StutterWorld(KeepingWorld):
             state = drive.state
             state[0] += 1
             if not isinstance(frame, BaseException):
-                if state[0] % self.period == 0:  # the last frame again, the render kept as it is
+                if state[0] % STUTTER_PERIOD == 0:  # the last frame again, the render kept as it is
                     frames[k] = frame = np.empty_like(frame)
                     frame[...] = state[1]
                 state[1] = frame

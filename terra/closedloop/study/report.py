@@ -368,16 +368,16 @@ def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:
                        f"scenarios; at least {MIN_SCENARIOS} scenarios to decide"}
 
 
-def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], within_horizon: bool = False,
-                  bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
+def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], within_horizon: bool = False
+                  ) -> WorldVerdict:
     """A world's verdict with its fidelity horizon, and with ``within_horizon`` the verdict within it too."""
     pairs = pairs_of(drives, truth)
-    verdict = replace(judge_pairs(world, pairs, bootstrap), horizon=world_horizon(pairs, bootstrap))
+    verdict = replace(judge_pairs(world, pairs), horizon=world_horizon(pairs))
     seconds = cut_at(verdict.horizon, pairs) if within_horizon else None
     if seconds is None:
         return verdict
     kept = [s for s in STATISTICS if s.cut]
-    return replace(verdict, within=judge_pairs(world, within(pairs, seconds), bootstrap, kept), within_s=seconds)
+    return replace(verdict, within=judge_pairs(world, within(pairs, seconds), statistics=kept), within_s=seconds)
 
 
 def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = None,
@@ -420,15 +420,14 @@ def study_plan(drive_ids: dict[str, list[str]], num_steps: int) -> str:
 
 
 def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
-                        manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir",
-                        shard_worlds: str = "all") -> StudyFolders:
+                        manifest: str = MANIFEST, inputs: Inputs = (), shard_worlds: str = "all") -> StudyFolders:
     """The folders of a fidelity study of ``drive_ids`` that this run drives, checked before any work."""
     report = manifest == MANIFEST and shard_worlds == "all"
     drive_ids = {world: ids for world, ids in drive_ids.items()
                  if shard_worlds == "all" or (world in MODEL_WORLDS) == (shard_worlds == "engine")}
-    top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=tuple(drive_ids),
+    top = claim_output_dir(path, "output_dir", files=REPORT_FILES if report else (), folders=tuple(drive_ids),
                            inputs=inputs, app=APP)
-    folders = {world: claim_drive_folder(top.path / world, ids, videos, manifest, setting=f"{setting}/{world}")
+    folders = {world: claim_drive_folder(top.path / world, ids, videos, manifest, setting=f"output_dir/{world}")
                for world, ids in drive_ids.items()}
     lock = REPORT_FILES[0] if report else manifest if shard_worlds == "all" else f"{shard_worlds}.{manifest}"
     return StudyFolders(top, folders, drive_ids, report, lock)
