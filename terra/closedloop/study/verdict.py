@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import combinations
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -76,9 +77,8 @@ class Ranking:
 
     @property
     def ties(self) -> list[tuple[str, str]]:
-        n = len(self.policies)
-        return [(self.policies[i], self.policies[j]) for i in range(n) for j in range(i + 1, n)
-                if abs(self.truth[i] - self.truth[j]) < TIE]
+        truth = dict(zip(self.policies, self.truth))
+        return [(a, b) for a, b in combinations(self.policies, 2) if abs(truth[a] - truth[b]) < TIE]
 
     def as_dict(self) -> dict:
         return {"metric": RANK_METRIC, "policies": list(self.policies), "world": list(self.world),
