@@ -138,11 +138,7 @@ class OffsetCameraWorld(TrueWorld):
 class FastWorld(ControlWorld):
     """True renders ``factor`` times as far along the road from the start as the car is."""
 
-    name = "fast"
-
-    def __init__(self, image_size: Sequence[int], factor: float = 1.0 + SPEED_ERROR) -> None:
-        super().__init__(image_size)
-        self.factor = factor
+    name, factor = "fast", 1.0 + SPEED_ERROR
 
     def start(self, scenario: Scenario) -> float:
         return scenario.scene.arc_length(scenario.start_pose)
@@ -158,14 +154,14 @@ class FastWorld(ControlWorld):
         return super().step([drive.scenario for drive in drives], actions, shown)
 
 
+class SlowWorld(FastWorld):
+    name, factor = "slow", 1.0 - SPEED_ERROR
+
+
 class TurningWorld(ControlWorld):
     """True renders from a camera that has turned ``factor`` times as much as the car since the start."""
 
-    name = "under_turning"
-
-    def __init__(self, image_size: Sequence[int], factor: float = 1.0 - TURN_ERROR) -> None:
-        super().__init__(image_size)
-        self.factor = factor
+    name, factor = "under_turning", 1.0 - TURN_ERROR
 
     def start(self, scenario: Scenario) -> list[float]:
         return [float(scenario.start_pose[2]), 0.0]  # the last yaw, the turn since the start
@@ -179,6 +175,10 @@ class TurningWorld(ControlWorld):
             turn[0] = yaw
             shown.append(np.array([x, y, yaw + (self.factor - 1.0) * turn[1]]))
         return super().step([drive.scenario for drive in drives], actions, shown)
+
+
+class OverTurningWorld(TurningWorld):
+    name, factor = "over_turning", 1.0 + TURN_ERROR
 
 
 class StutterWorld(KeepingWorld):
@@ -243,23 +243,10 @@ class ModelControlWorld:
         return frames
 
 
-def _named(cls: type, name: str, **options: Any) -> Callable[[Sequence[int]], Any]:
-    """A scene control's builder: ``cls(image_size, **options)`` named ``name``."""
-    def build(image_size: Sequence[int]):
-        world = cls(image_size, **options)
-        world.name = name
-        return world
-    return build
-
-
 SCENE_CONTROLS: dict[str, Callable[[Sequence[int]], Any]] = {  # name -> its builder from the frame size
     "frozen": FrozenWorld, "gray": GrayWorld, "mirrored": MirroredWorld, "late": LateWorld,
-    "offset_camera": OffsetCameraWorld,
-    "fast": _named(FastWorld, "fast", factor=1.0 + SPEED_ERROR),
-    "slow": _named(FastWorld, "slow", factor=1.0 - SPEED_ERROR),
-    "under_turning": _named(TurningWorld, "under_turning", factor=1.0 - TURN_ERROR),
-    "over_turning": _named(TurningWorld, "over_turning", factor=1.0 + TURN_ERROR),
-    "stutter": StutterWorld,
+    "offset_camera": OffsetCameraWorld, "fast": FastWorld, "slow": SlowWorld, "under_turning": TurningWorld,
+    "over_turning": OverTurningWorld, "stutter": StutterWorld,
 }
 MODEL_CONTROLS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[Scenario], Road]]] = {
     "zero_actions": (standing_still, fed_motion_road(False)), "straight": (straightened, fed_motion_road(True)),
