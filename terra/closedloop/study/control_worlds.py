@@ -20,27 +20,16 @@ TURN_ERROR = 0.15  # over_turning / under_turning: the camera turns 1 +- this ti
 STUTTER_PERIOD = 5  # stutter: every this many frames, the previous frame again
 
 
-class FrozenWorld:
-    """The scenario's last context frame forever."""
+class FrozenWorld(TrueWorld):
+    """The scenario's last context frame forever (a scenario of any kind: no scene is drawn)."""
 
     name = "frozen"
-
-    def __init__(self, image_size: Sequence[int]) -> None:
-        self.image_size = (int(image_size[0]), int(image_size[1]))
-        self.generate_s = 0.0
-        self.decode_s = 0.0
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> Scenario:
         return scenario
 
-    def context_frames(self, drive: Scenario) -> np.ndarray:
-        return drive.images
-
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         return [drive.images[-1].copy() for drive in drives]
-
-    def close(self, drive) -> None:
-        pass
 
 
 class GrayWorld(FrozenWorld):
