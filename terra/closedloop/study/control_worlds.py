@@ -207,8 +207,7 @@ def straightened(action: np.ndarray) -> np.ndarray:
 
 
 class ModelControlWorld:
-    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own); the rest,
-    context frames to close, the model world's own."""
+    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own), else as is."""
 
     def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray] | None = None,
                  road_of: Callable[[Scenario], Road] | None = None) -> None:
