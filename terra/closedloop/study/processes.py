@@ -39,11 +39,6 @@ class ShardProcesses:
         return {name: count for name, count in counts if count}
 
 
-def kv_cache(kv_cache_gib: float | None) -> list[str]:
-    """The override that gives an engine its KV cache (none without a size)."""
-    return [] if kv_cache_gib is None else [f"++backend.options.kv_cache_memory_bytes={int(kv_cache_gib * GIB)}"]
-
-
 def setting(override: str) -> str:
     """The setting an override names (``+key=value`` and ``++key=value`` alike)."""
     return override.split("=", 1)[0].lstrip("+")
@@ -192,8 +187,9 @@ def main() -> None:
     every = [code for group in codes.values() for code in group]
     print(f"{PROG}: {len(every)} shards ended in {time.perf_counter() - started:.1f} s (exit codes {codes}); "
           "the report:", flush=True)
-    report = subprocess.run([sys.executable, "-m", "terra.apps.drive", *args.overrides, "progress=false",
-                             *kv_cache(args.kv_cache_gib)])
+    cache = ([] if args.kv_cache_gib is None
+             else [f"++backend.options.kv_cache_memory_bytes={int(args.kv_cache_gib * GIB)}"])
+    report = subprocess.run([sys.executable, "-m", "terra.apps.drive", *args.overrides, "progress=false", *cache])
     sys.exit(max([report.returncode, *every]))
 
 
