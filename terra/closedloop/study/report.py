@@ -253,14 +253,11 @@ def separation_lines(separations: dict[str, list[str]], verdicts: Sequence[World
     by_world = {v.world: v for v in verdicts}
     lines = []
     for control, names in separations.items():
-        if names:
-            lines.append(f"- the model told from **{control}** by: {', '.join(names)}")
-            continue
         failed = by_world[control].flagged_by
         why = (f"{control} fails {', '.join(failed)}, which the model fails or leaves undecided too" if failed else
                f"{control} fails none")
-        lines.append(f"- the model told from **{control}** by: no statistic (none passes the model and fails "
-                     f"{control}: {why})")
+        told = ", ".join(names) or f"no statistic (none passes the model and fails {control}: {why})"
+        lines.append(f"- the model told from **{control}** by: {told}")
     return lines
 
 
