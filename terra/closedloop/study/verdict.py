@@ -43,9 +43,7 @@ def measurements(pairs: Sequence[Pair], bootstrap: Bootstrap) -> dict[str, Inter
     scenarios = [p.scenario for p in pairs]
     found = {"path_distance_m": mean(scenarios, np.array([path_distance_m(p) for p in pairs]), bootstrap)}
     horizons = horizon_summary([read_horizons(p.world["fidelity"]) for p in pairs], scenarios, bootstrap)
-    for h, values in horizons.items():
-        found.update({f"{key}_h{h}": value for key, value in values.items()})
-    return found
+    return {**found, **{f"{key}_h{h}": value for h, values in horizons.items() for key, value in values.items()}}
 
 
 def metric_names(records: Sequence[dict]) -> list[tuple[str, str]]:
