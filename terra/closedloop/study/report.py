@@ -95,9 +95,8 @@ def scenarios_to_decide(name: str, value: Interval, scenarios: int) -> float:
 
 def next_step(verdict: WorldVerdict) -> str:
     """What would decide an undecided world."""
-    straddling = [name for name in verdict.undecided if verdict.decisions[name] == INCONCLUSIVE
-                  and name not in verdict.reasons]
-    needs = {name: scenarios_to_decide(name, verdict.values[name], verdict.scenarios[name]) for name in straddling}
+    needs = {name: scenarios_to_decide(name, verdict.values[name], verdict.scenarios[name])
+             for name in verdict.undecided if verdict.decisions[name] == INCONCLUSIVE and name not in verdict.reasons}
     finite = {name: n for name, n in needs.items() if n <= MOST_SCENARIOS}
     parts = []
     if verdict.too_few is not None:
