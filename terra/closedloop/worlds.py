@@ -100,11 +100,16 @@ class ModelWorld:
         """A drive from ``scenario``'s context; its routes read from ``road`` (None: the scenario's own)."""
         from terra.tokenizer.images import frames_to_tensor
 
-        codes = self.pipeline.encode(frames_to_tensor(scenario.images))
+        return self.open_codes(self.pipeline.encode(frames_to_tensor(scenario.images)), scenario, seed, max_frames,
+                               road)
+
+    def open_codes(self, codes: np.ndarray, scenario: Scenario, seed: int, max_frames: int,
+                   road: Road | None = None) -> ModelDrive:
+        """A drive from ``scenario``'s context as ``codes`` ``[n, h, w]``."""
         road = scenario if road is None else road
         routes = self.routes(road, scenario.context_poses)
         rollout = self.engine.open(codes, scenario.actions, max_frames, seed, self.overlap, routes)
-        keep = bool(self.references) and scenario.scene is not None
+        keep = bool(self.references) and scenario.scene is not None and self.pipeline is not None
         return ModelDrive(rollout, codes, self.sampling, seed, scenario, road, keep)
 
     def routes(self, road: Road, poses: np.ndarray | None) -> np.ndarray | None:
