@@ -50,7 +50,7 @@ class ControlDrive:
     renders: dict[bytes, np.ndarray] = field(default_factory=dict)
 
 
-class ControlWorld(TrueWorld):
+class TrueControlWorld(TrueWorld):
     """A true world whose drives carry the control's state (:meth:`start`)."""
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> ControlDrive:
@@ -64,7 +64,7 @@ class ControlWorld(TrueWorld):
         return super().context_frames(drive.scenario)
 
 
-class KeepingWorld(ControlWorld):
+class KeepingWorld(TrueControlWorld):
     """A control world whose drives keep the renders it makes (:meth:`rendered`) at poses the car reached."""
 
     def rendered(self, drives: Sequence[ControlDrive], poses: Sequence[np.ndarray]) -> list[np.ndarray | BaseException]:
@@ -124,7 +124,7 @@ class OffsetCameraWorld(TrueWorld):
         return super().step(drives, actions, [shifted_left(pose, self.metres) for pose in poses])
 
 
-class FastWorld(ControlWorld):
+class FastWorld(TrueControlWorld):
     """True renders ``factor`` times as far along the road from the start as the car is."""
 
     name, factor = "fast", 1.0 + SPEED_ERROR
@@ -147,7 +147,7 @@ class SlowWorld(FastWorld):
     name, factor = "slow", 1.0 - SPEED_ERROR
 
 
-class TurningWorld(ControlWorld):
+class TurningWorld(TrueControlWorld):
     """True renders from a camera that has turned ``factor`` times as much as the car since the start."""
 
     name, factor = "under_turning", 1.0 - TURN_ERROR
