@@ -127,9 +127,7 @@ class ModelWorld:
 
     def reference_frames(self, drive: ModelDrive) -> np.ndarray | None:
         """The true scene at the drive's poses through this world's tokenizer (None: no references kept)."""
-        if not drive.keeps_references:
-            return None
-        return np.stack([self.context_frames(drive)[-1], *drive.references])
+        return np.stack([self.context_frames(drive)[-1], *drive.references]) if drive.keeps_references else None
 
     def true_renders(self, drive: ModelDrive) -> dict[bytes, np.ndarray] | None:
         """The true renders its references were made from, by pose (:func:`pose_key`; None: no references kept)."""

@@ -102,8 +102,6 @@ def collision_classes(ego: MetricBox, pose: np.ndarray, others: list[tuple[Metri
     """``(front, rear, lateral)`` of the ``ego`` box centred on ``pose``."""
     front = rear = lateral = False
     near = [(box, where) for box, where in others if np.hypot(*(where[:2] - pose[:2])) <= ego.reach + box.reach]
-    if not near:
-        return front, rear, lateral
     ego_polygon, band = ego.at(pose), ego.length / 2 - ego.radius
     for box, where in near:
         shared = clip(box.at(where), ego_polygon)
@@ -211,10 +209,8 @@ def truncation(metrics: dict[str, np.ndarray]) -> tuple[int, str | None]:
 def scene_score(collision_at_fault: bool, offroad: bool, progress_clipped_rel: float,
                 gt_dist_traveled_m: float) -> tuple[float, float, str | None]:
     """AlpaSim's scene score of a drive: ``(score, progress_score, failure_reason)``."""
-    if gt_dist_traveled_m < MIN_GT_DISTANCE_M:
-        progress_score = 1.0
-    else:
-        progress_score = min(min(max(progress_clipped_rel, 0.0), 1.0) / PROGRESS_SATURATION, 1.0)
+    progress_score = 1.0 if gt_dist_traveled_m < MIN_GT_DISTANCE_M else \
+        min(min(max(progress_clipped_rel, 0.0), 1.0) / PROGRESS_SATURATION, 1.0)
     reason = "collision_at_fault" if collision_at_fault else "offroad" if offroad else None
     return (0.0 if reason else progress_score), progress_score, reason
 

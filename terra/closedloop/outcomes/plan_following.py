@@ -26,7 +26,6 @@ class PlanFollowing:
 
     def driven_path(self, drive: Drive) -> np.ndarray | None:
         """The commanded path over the estimator's frames ``[T, 2]`` in its frame, or None for a short drive."""
-        # the drive knows the poses of the last context frame and of the generated ones: the window lies there
         if len(drive.poses) < self.frames:
             return None
         window = np.stack(drive.poses[-self.frames:])

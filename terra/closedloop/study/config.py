@@ -11,7 +11,7 @@ from terra.config.schema import flag, setting
 from terra.core.errors import TerraInputError
 
 UNTIL = ("once", "decided")  # until: the study's num_scenarios once | rounds of more until decided
-SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (in_shard)
+SHARD_WORLDS = ("all", "engine", "scene")  # which of a study's worlds a process drives (claim_study_folders)
 EVERY_WORLD = Range(0, 256, 2, whole=True)  # shard_processes.all, unless cores
 
 

@@ -49,9 +49,8 @@ class FedMotionRoad:
     def model_routes(self, poses: np.ndarray, route_tokens: int) -> np.ndarray:
         poses = np.asarray(poses, dtype=np.float64)
         flat = poses.reshape(-1, 3)
-        travelled = np.zeros(len(flat))
-        if self.straight_on:
-            travelled = self.scene.road_coords(flat[:, 0], flat[:, 1])[0] - self.start_s
+        travelled = (self.scene.road_coords(flat[:, 0], flat[:, 1])[0] - self.start_s if self.straight_on
+                     else np.zeros(len(flat)))
         reached = compose(self.start, np.stack([travelled, np.zeros_like(travelled), np.zeros_like(travelled)], -1))
         return self.scene.route(reached, route_tokens).reshape(poses.shape[:-1] + (route_tokens, ROUTE_POINT_VALUES))
 

@@ -20,27 +20,16 @@ TURN_ERROR = 0.15  # over_turning / under_turning: the camera turns 1 +- this ti
 STUTTER_PERIOD = 5  # stutter: every this many frames, the previous frame again
 
 
-class FrozenWorld:
-    """The scenario's last context frame forever."""
+class FrozenWorld(TrueWorld):
+    """The scenario's last context frame forever (a scenario of any kind: no scene is drawn)."""
 
     name = "frozen"
-
-    def __init__(self, image_size: Sequence[int]) -> None:
-        self.image_size = (int(image_size[0]), int(image_size[1]))
-        self.generate_s = 0.0
-        self.decode_s = 0.0
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> Scenario:
         return scenario
 
-    def context_frames(self, drive: Scenario) -> np.ndarray:
-        return drive.images
-
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         return [drive.images[-1].copy() for drive in drives]
-
-    def close(self, drive) -> None:
-        pass
 
 
 class GrayWorld(FrozenWorld):
@@ -53,28 +42,32 @@ class GrayWorld(FrozenWorld):
 
 
 @dataclass
-class KeptDrive:
-    """A drive of a control world whose frames are made of true renders at poses the car reached."""
+class ControlDrive:
+    """A drive of a control world made of true renders: its scenario, the control's state and the renders it kept."""
 
     scenario: Scenario
     state: Any = None
     renders: dict[bytes, np.ndarray] = field(default_factory=dict)
 
 
-class KeepingWorld(TrueWorld):
-    """A true world whose drives keep the renders it makes (:meth:`rendered`) at poses the car reached."""
+class TrueControlWorld(TrueWorld):
+    """A true world whose drives carry the control's state (:meth:`start`)."""
 
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> KeptDrive:
-        return KeptDrive(super().open(scenario, seed, max_frames), self.start(scenario))
+    def open(self, scenario: Scenario, seed: int, max_frames: int) -> ControlDrive:
+        return ControlDrive(super().open(scenario, seed, max_frames), self.start(scenario))
 
     def start(self, scenario: Scenario) -> Any:
         """The control's state at a drive's start (none)."""
         return None
 
-    def context_frames(self, drive: KeptDrive) -> np.ndarray:
+    def context_frames(self, drive: ControlDrive) -> np.ndarray:
         return super().context_frames(drive.scenario)
 
-    def rendered(self, drives: Sequence[KeptDrive], poses: Sequence[np.ndarray]) -> list[np.ndarray | BaseException]:
+
+class KeepingWorld(TrueControlWorld):
+    """A control world whose drives keep the renders it makes (:meth:`rendered`) at poses the car reached."""
+
+    def rendered(self, drives: Sequence[ControlDrive], poses: Sequence[np.ndarray]) -> list[np.ndarray | BaseException]:
         """The true renders at world ``poses`` the car reached, each kept on its drive."""
         frames = TrueWorld.step(self, [drive.scenario for drive in drives], None, poses)
         for drive, pose, frame in zip(drives, poses, frames):
@@ -82,7 +75,7 @@ class KeepingWorld(TrueWorld):
                 drive.renders[pose_key(pose)] = frame
         return frames
 
-    def true_renders(self, drive: KeptDrive) -> dict[bytes, np.ndarray]:
+    def true_renders(self, drive: ControlDrive) -> dict[bytes, np.ndarray]:
         return drive.renders
 
 
@@ -97,16 +90,12 @@ class MirroredWorld(KeepingWorld):
 
 
 class LateWorld(KeepingWorld):
-    """The true renders ``delay`` steps late."""
+    """The true renders :data:`LATE_STEPS` steps late."""
 
     name = "late"
 
-    def __init__(self, image_size: Sequence[int], delay: int = LATE_STEPS) -> None:
-        super().__init__(image_size)
-        self.delay = delay
-
     def start(self, scenario: Scenario) -> list[np.ndarray]:
-        return [np.asarray(scenario.start_pose, dtype=np.float64)] * self.delay  # the poses shown next
+        return [np.asarray(scenario.start_pose, dtype=np.float64)] * LATE_STEPS  # the poses shown next
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         shown = []
@@ -135,66 +124,56 @@ class OffsetCameraWorld(TrueWorld):
         return super().step(drives, actions, [shifted_left(pose, self.metres) for pose in poses])
 
 
-class FastWorld(TrueWorld):
+class FastWorld(TrueControlWorld):
     """True renders ``factor`` times as far along the road from the start as the car is."""
 
-    name = "fast"
+    name, factor = "fast", 1.0 + SPEED_ERROR
 
-    def __init__(self, image_size: Sequence[int], factor: float = 1.0 + SPEED_ERROR) -> None:
-        super().__init__(image_size)
-        self.factor = factor
-
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Scenario, float]:
-        drive = super().open(scenario, seed, max_frames)
-        return drive, scenario.scene.arc_length(scenario.start_pose)
-
-    def context_frames(self, drive) -> np.ndarray:
-        return super().context_frames(drive[0])
+    def start(self, scenario: Scenario) -> float:
+        return scenario.scene.arc_length(scenario.start_pose)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         shown = []
-        for (scenario, start), pose in zip(drives, poses):
+        for drive, pose in zip(drives, poses):
             x, y, yaw = np.asarray(pose, dtype=np.float64)
-            s, d = (v[0] for v in scenario.scene.road_coords(np.array([x]), np.array([y])))
-            ahead = scenario.scene.lane_pose(start + self.factor * (s - start), d)
-            shown.append(ahead + [0.0, 0.0, yaw - scenario.scene.road_pose(s)[2]])
-        return super().step([scenario for scenario, _ in drives], actions, shown)
+            scene, start = drive.scenario.scene, drive.state
+            s, d = (v[0] for v in scene.road_coords(np.array([x]), np.array([y])))
+            ahead = scene.lane_pose(start + self.factor * (s - start), d)
+            shown.append(ahead + [0.0, 0.0, yaw - scene.road_pose(s)[2]])
+        return super().step([drive.scenario for drive in drives], actions, shown)
 
 
-class TurningWorld(TrueWorld):
+class SlowWorld(FastWorld):
+    name, factor = "slow", 1.0 - SPEED_ERROR
+
+
+class TurningWorld(TrueControlWorld):
     """True renders from a camera that has turned ``factor`` times as much as the car since the start."""
 
-    name = "under_turning"
+    name, factor = "under_turning", 1.0 - TURN_ERROR
 
-    def __init__(self, image_size: Sequence[int], factor: float = 1.0 - TURN_ERROR) -> None:
-        super().__init__(image_size)
-        self.factor = factor
-
-    def open(self, scenario: Scenario, seed: int, max_frames: int) -> tuple[Scenario, list[float]]:
-        yaw = float(scenario.start_pose[2])
-        return super().open(scenario, seed, max_frames), [yaw, 0.0]  # the last yaw, the turn since the start
-
-    def context_frames(self, drive) -> np.ndarray:
-        return super().context_frames(drive[0])
+    def start(self, scenario: Scenario) -> list[float]:
+        return [float(scenario.start_pose[2]), 0.0]  # the last yaw, the turn since the start
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         shown = []
-        for (_, turn), pose in zip(drives, poses):
+        for drive, pose in zip(drives, poses):
             x, y, yaw = np.asarray(pose, dtype=np.float64)
+            turn = drive.state
             turn[1] += float(np.angle(np.exp(1j * (yaw - turn[0]))))  # unwrapped
             turn[0] = yaw
             shown.append(np.array([x, y, yaw + (self.factor - 1.0) * turn[1]]))
-        return super().step([scenario for scenario, _ in drives], actions, shown)
+        return super().step([drive.scenario for drive in drives], actions, shown)
+
+
+class OverTurningWorld(TurningWorld):
+    name, factor = "over_turning", 1.0 + TURN_ERROR
 
 
 class StutterWorld(KeepingWorld):
-    """The true renders, with every ``period``-th step's frame the previous frame again."""
+    """The true renders, with every :data:`STUTTER_PERIOD`-th step's frame the previous frame again."""
 
     name = "stutter"
-
-    def __init__(self, image_size: Sequence[int], period: int = STUTTER_PERIOD) -> None:
-        super().__init__(image_size)
-        self.period = period
 
     def start(self, scenario: Scenario) -> list:
         return [0, scenario.images[-1]]  # steps, the last frame shown
@@ -205,7 +184,7 @@ class StutterWorld(KeepingWorld):
             state = drive.state
             state[0] += 1
             if not isinstance(frame, BaseException):
-                if state[0] % self.period == 0:  # the last frame again, the render kept as it is
+                if state[0] % STUTTER_PERIOD == 0:  # the last frame again, the render kept as it is
                     frames[k] = frame = np.empty_like(frame)
                     frame[...] = state[1]
                 state[1] = frame
@@ -228,7 +207,7 @@ def straightened(action: np.ndarray) -> np.ndarray:
 
 
 class ModelControlWorld:
-    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own)."""
+    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own), else as is."""
 
     def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray] | None = None,
                  road_of: Callable[[Scenario], Road] | None = None) -> None:
@@ -239,8 +218,8 @@ class ModelControlWorld:
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> Any:
         return self.model.open(scenario, seed, max_frames, None if self.road_of is None else self.road_of(scenario))
 
-    def context_frames(self, drive) -> np.ndarray:
-        return self.model.context_frames(drive)
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.model, name)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         generate, decode = self.model.generate_s, self.model.decode_s
@@ -251,40 +230,11 @@ class ModelControlWorld:
         self.decode_s += self.model.decode_s - decode
         return frames
 
-    def reference_frames(self, drive) -> np.ndarray | None:
-        """The true frames through the model's tokenizer."""
-        return self.model.reference_frames(drive)
-
-    def true_renders(self, drive) -> dict[bytes, np.ndarray] | None:
-        return self.model.true_renders(drive)
-
-    def route_source(self, drive) -> str | None:
-        return self.model.route_source(drive)
-
-    def route_told(self, drive) -> list[str] | None:
-        return self.model.route_told(drive)
-
-    def close(self, drive) -> None:
-        self.model.close(drive)
-
-
-def _named(cls: type, name: str, **options: Any) -> Callable[[Sequence[int]], Any]:
-    """A scene control's builder: ``cls(image_size, **options)`` named ``name``."""
-    def build(image_size: Sequence[int]):
-        world = cls(image_size, **options)
-        world.name = name
-        return world
-    return build
-
 
 SCENE_CONTROLS: dict[str, Callable[[Sequence[int]], Any]] = {  # name -> its builder from the frame size
     "frozen": FrozenWorld, "gray": GrayWorld, "mirrored": MirroredWorld, "late": LateWorld,
-    "offset_camera": OffsetCameraWorld,
-    "fast": _named(FastWorld, "fast", factor=1.0 + SPEED_ERROR),
-    "slow": _named(FastWorld, "slow", factor=1.0 - SPEED_ERROR),
-    "under_turning": _named(TurningWorld, "under_turning", factor=1.0 - TURN_ERROR),
-    "over_turning": _named(TurningWorld, "over_turning", factor=1.0 + TURN_ERROR),
-    "stutter": StutterWorld,
+    "offset_camera": OffsetCameraWorld, "fast": FastWorld, "slow": SlowWorld, "under_turning": TurningWorld,
+    "over_turning": OverTurningWorld, "stutter": StutterWorld,
 }
 MODEL_CONTROLS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[Scenario], Road]]] = {
     "zero_actions": (standing_still, fed_motion_road(False)), "straight": (straightened, fed_motion_road(True)),

@@ -36,11 +36,6 @@ class WorldHorizon:
     def as_dict(self) -> dict:
         return {name: value.as_dict() for name, value in self.parts().items()}
 
-    @property
-    def median_s(self) -> float:
-        """The closed-loop median horizon (s; inf: beyond the drives; NaN: no drive)."""
-        return float("nan") if self.closed_loop is None else self.closed_loop.median.estimate
-
 
 def _bend(pair: Pair) -> bool | None:
     turn = ((pair.truth.get("metrics") or {}).get("truth") or {}).get("road_turn_rad")
@@ -87,6 +82,6 @@ def within(pairs: Sequence[Pair], seconds: float) -> list[Pair]:
 
 def cut_at(horizon: WorldHorizon, pairs: Sequence[Pair]) -> float | None:
     """Where a world's drives are cut to be judged within its horizon."""
-    median = horizon.median_s
+    median = float("nan") if horizon.closed_loop is None else horizon.closed_loop.median.estimate
     longest = max((len(p.world["fidelity"]["lane_world"]) for p in pairs), default=0) * STEP_S
     return float(median) if np.isfinite(median) and median < longest else None

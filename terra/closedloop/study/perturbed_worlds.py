@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import zlib
 from dataclasses import dataclass, field
 from typing import Sequence
@@ -10,9 +9,9 @@ from typing import Sequence
 import numpy as np
 
 from terra.closedloop.scenarios import Scenario
+from terra.closedloop.study.control_worlds import shifted_left
 from terra.closedloop.worlds import TrueWorld
 from terra.config.assets import demo_checkpoints
-from terra.sim.renderer import render
 
 
 class TokenizerWorld(TrueWorld):
@@ -74,19 +73,11 @@ class ShakenWorld(TrueWorld):
         return drive.scenario.images
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
-        start = time.perf_counter()
-        frames: list[np.ndarray | BaseException] = []
-        for drive, pose in zip(drives, poses):
+        for drive in drives:
             drive.offset = self.rho * drive.offset + float(drive.rng.normal(0.0, self.sigma_m))
             drive.offsets.append(drive.offset)
-            x, y, yaw = (float(v) for v in pose)
-            moved = np.array([x - drive.offset * np.sin(yaw), y + drive.offset * np.cos(yaw), yaw])
-            try:
-                frames.append(render(drive.scenario.scene, moved, *self.image_size))
-            except Exception as err:  # noqa: BLE001  (one drive's failure ends that drive only)
-                frames.append(err)
-        self.generate_s += time.perf_counter() - start
-        return frames
+        moved = [shifted_left(pose, drive.offset) for drive, pose in zip(drives, poses)]
+        return super().step([drive.scenario for drive in drives], actions, moved)
 
 
 class Shaken4cm(ShakenWorld):

@@ -39,11 +39,6 @@ class ShardProcesses:
         return {name: count for name, count in counts if count}
 
 
-def kv_cache(kv_cache_gib: float | None) -> list[str]:
-    """The override that gives an engine its KV cache (none without a size)."""
-    return [] if kv_cache_gib is None else [f"++backend.options.kv_cache_memory_bytes={int(kv_cache_gib * GIB)}"]
-
-
 def setting(override: str) -> str:
     """The setting an override names (``+key=value`` and ``++key=value`` alike)."""
     return override.split("=", 1)[0].lstrip("+")
@@ -112,6 +107,12 @@ def run_shards(overrides: Sequence[str], groups: dict[str, int], kv_cache_gib: f
     follow(folder, total, len(every), lambda: any(process.poll() is None for process, _ in every))
     for _, log in every:
         log.close()
+    for worlds, group in running.items():
+        for shard, (process, log) in enumerate(group):
+            if process.returncode not in (0, 1):
+                tail = Path(log.name).read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
+                raise TerraInputError(f"shard {shard} ({worlds} worlds) ended with exit code {process.returncode}: "
+                                      f"{tail[0]} (all of it: {log.name})")
     return {worlds: [process.returncode for process, _ in group] for worlds, group in running.items()}
 
 
@@ -130,24 +131,12 @@ def follow(folder: Path, total: int | None, shards: int, running: Callable[[], b
         bar.update(records(folder) - bar.n)
 
 
-def check_ended(codes: dict[str, list[int]], groups: dict[str, int], logs: Path) -> None:
-    """Raise one line naming its log for the first shard that ended other than 0 or 1."""
-    for worlds, group in codes.items():
-        for shard, code in enumerate(group):
-            if code not in (0, 1):
-                log = logs / f"{worlds}-{shard}-of-{groups[worlds]}.log"
-                tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["(no output)"]
-                raise TerraInputError(f"shard {shard} ({worlds} worlds) ended with exit code {code}: {tail[0]} "
-                                      f"(all of it: {log})")
-
-
 def drive_in_shards(overrides: Sequence[str], processes: ShardProcesses, folder: Path,
                     total: int | None = None, beside: int = 0) -> tuple[list[str], int]:
     """The study's drives made by ``processes``' shards; the lines to print and the worst shard's exit code (0 or 1)."""
     logs = Path(tempfile.mkdtemp(prefix="terra-drive-shards-"))
     started = time.perf_counter()
     codes = run_shards(overrides, processes.groups, processes.kv_cache_gib, folder, logs, total, beside)
-    check_ended(codes, processes.groups, logs)
     every = [code for group in codes.values() for code in group]
     line = (f"terra-drive: {len(every)} shard processes ({', '.join(f'{n} {w}' for w, n in processes.groups.items())}"
             f") ended in {time.perf_counter() - started:.1f} s (exit codes {codes}; their output: {logs})")
@@ -184,16 +173,16 @@ def main() -> None:
     logs = Path(tempfile.mkdtemp(prefix="terra-drive-shards-"))
     print(f"{PROG}: the shards' output goes to {logs}", flush=True)
     started = time.perf_counter()
-    codes = run_shards(args.overrides, groups, args.kv_cache_gib, folder, logs)
     try:
-        check_ended(codes, groups, logs)
+        codes = run_shards(args.overrides, groups, args.kv_cache_gib, folder, logs)
     except TerraInputError as err:
         sys.exit(f"{PROG}: {err}")
     every = [code for group in codes.values() for code in group]
     print(f"{PROG}: {len(every)} shards ended in {time.perf_counter() - started:.1f} s (exit codes {codes}); "
           "the report:", flush=True)
-    report = subprocess.run([sys.executable, "-m", "terra.apps.drive", *args.overrides, "progress=false",
-                             *kv_cache(args.kv_cache_gib)])
+    cache = ([] if args.kv_cache_gib is None
+             else [f"++backend.options.kv_cache_memory_bytes={int(args.kv_cache_gib * GIB)}"])
+    report = subprocess.run([sys.executable, "-m", "terra.apps.drive", *args.overrides, "progress=false", *cache])
     sys.exit(max([report.returncode, *every]))
 
 

@@ -50,19 +50,14 @@ def on_gpus(settings: StudySettings) -> StudySettings:
     return replace(settings, drive=replace(run, run=actor_spec(run.run, [str(g) for g in ray.get_gpu_ids()])))
 
 
-def drive_shard(settings: StudySettings, drive: StudyDrive) -> DriveOutcome:
-    """A shard of the study (``study_shard``'s), driven in this Ray task by ``drive``."""
-    return drive(on_gpus(settings), progress=False)
+def drive_task(settings: StudySettings, drive: StudyDrive, exploit: ExploitStudy | None = None) -> DriveOutcome:
+    """A shard of the study (``study_shard``'s), or its report step with ``exploit``, driven in this Ray task."""
+    return drive(on_gpus(settings), progress=False, exploit=exploit)
 
 
 def exploitability(settings: StudySettings) -> ExploitStudy:
     """The study's exploitability study in this Ray task, in worlds of its own on its GPUs."""
     return exploit_beside(on_gpus(settings).drive, settings.folders.top.path)
-
-
-def report(settings: StudySettings, exploit: ExploitStudy | None, drive: StudyDrive) -> DriveOutcome:
-    """The study's report step in this Ray task."""
-    return drive(on_gpus(settings), progress=False, exploit=exploit)
 
 
 def study_on_ray(settings: StudySettings, drive: StudyDrive) -> DriveOutcome:
@@ -87,7 +82,7 @@ def _on_cluster(settings: StudySettings, cluster: RayCluster, drive: StudyDrive)
     kind = {"engine": "engine", "all": "engine", "scene": "scene"}
     whole = on_worker(settings, specs["engine"])
     started = time.perf_counter()
-    shards = {ray.remote(**options[kind[worlds]])(drive_shard).remote(
+    shards = {ray.remote(**options[kind[worlds]])(drive_task).remote(
         on_worker(study_shard(settings, worlds, i, count), specs[kind[worlds]]), drive): (worlds, i, count)
         for worlds, count in groups.items() for i in range(count)}
     exploit = ray.remote(**options["engine"])(exploitability).remote(whole) if settings.exploitability \
@@ -101,7 +96,7 @@ def _on_cluster(settings: StudySettings, cluster: RayCluster, drive: StudyDrive)
             codes.append(_ended(ref, f"shard {i} of {count} ({worlds} worlds)").exit_code)
         line = (f"terra-drive: {len(refs)} Ray shards ({', '.join(f'{n} {w}' for w, n in groups.items())}) ended in "
                 f"{time.perf_counter() - started:.1f} s (exit codes {codes})")
-        outcome = _ended(ray.remote(**options["engine"])(report).remote(whole, exploit, drive), "the report step")
+        outcome = _ended(ray.remote(**options["engine"])(drive_task).remote(whole, drive, exploit), "the report step")
     except BaseException:
         if exploit is not None:
             ray.cancel(exploit, force=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import partial
 from pathlib import Path
 from typing import Callable, Hashable, Sequence
 
@@ -14,7 +13,7 @@ from terra.closedloop.loop import DriveSpec
 from terra.closedloop.recording.files import APP, claim_drive_folder
 from terra.closedloop.recording.run import DriveRunner, LocalDrives, RunResult, RunSettings, record_run
 from terra.closedloop.study.control_worlds import MODEL_WORLDS
-from terra.closedloop.study.exploit import ExploitStudy, exploit_lines, exploit_study
+from terra.closedloop.study.exploit import ExploitStudy, exploit_lines
 from terra.closedloop.study.horizons import PARTS, WorldHorizon, cut_at, within, world_horizon
 from terra.closedloop.study.statistics import (
     OUTCOMES, RANK_METRIC, STATISTICS, following_gain, metric_value, statistic, value_or_reason,
@@ -96,9 +95,8 @@ def scenarios_to_decide(name: str, value: Interval, scenarios: int) -> float:
 
 def next_step(verdict: WorldVerdict) -> str:
     """What would decide an undecided world."""
-    straddling = [name for name in verdict.undecided if verdict.decisions[name] == INCONCLUSIVE
-                  and name not in verdict.reasons]
-    needs = {name: scenarios_to_decide(name, verdict.values[name], verdict.scenarios[name]) for name in straddling}
+    needs = {name: scenarios_to_decide(name, verdict.values[name], verdict.scenarios[name])
+             for name in verdict.undecided if verdict.decisions[name] == INCONCLUSIVE and name not in verdict.reasons}
     finite = {name: n for name, n in needs.items() if n <= MOST_SCENARIOS}
     parts = []
     if verdict.too_few is not None:
@@ -152,11 +150,6 @@ def within_line(verdict: WorldVerdict) -> str | None:
     inner = verdict_sentence(verdict.within).replace(f"**{verdict.world}**", f"**{verdict.world}** within its "
                                                      f"first {verdict.within_s:.1f} s")
     return f"  - {inner}"
-
-
-def run_lines(settings: dict) -> list[str]:
-    """The run's settings as a list."""
-    return [f"- {key}: {value}" for key, value in settings.items()]
 
 
 def legend() -> list[str]:
@@ -259,14 +252,11 @@ def separation_lines(separations: dict[str, list[str]], verdicts: Sequence[World
     by_world = {v.world: v for v in verdicts}
     lines = []
     for control, names in separations.items():
-        if names:
-            lines.append(f"- the model told from **{control}** by: {', '.join(names)}")
-            continue
         failed = by_world[control].flagged_by
         why = (f"{control} fails {', '.join(failed)}, which the model fails or leaves undecided too" if failed else
                f"{control} fails none")
-        lines.append(f"- the model told from **{control}** by: no statistic (none passes the model and fails "
-                     f"{control}: {why})")
+        told = ", ".join(names) or f"no statistic (none passes the model and fails {control}: {why})"
+        lines.append(f"- the model told from **{control}** by: {told}")
     return lines
 
 
@@ -287,12 +277,7 @@ class StudyReport:
 
     def sentences(self) -> list[str]:
         """A world's sentences each (the model's first), then the probes' lines."""
-        lines = []
-        for v in self.verdicts:
-            lines.append(f"- {headline(v)}")
-            inner = within_line(v)
-            if inner is not None:
-                lines.append(inner)
+        lines = [line for v in self.verdicts for line in (f"- {headline(v)}", within_line(v)) if line is not None]
         return lines + [probe_line(name, row["difference"]) for name, row in self.policies.items()
                         if name in PROBE_POLICIES]
 
@@ -308,10 +293,6 @@ class StudyReport:
                              for name, row in self.policies.items()},
                 "exploitability": None if self.exploitability is None else self.exploitability.as_dict()}
 
-    def opening(self) -> list[str]:
-        """A sentence per world, the probes' lines, then the run's settings."""
-        return ["# Fidelity verdict", "", *self.sentences(), "", "## Run", *run_lines(self.settings)]
-
     def terminal(self) -> str:
         """What the terminal shows, as plain text."""
         lines = ["Fidelity verdict (the whole report: fidelity.md)", "", text_table(world_rows(self.verdicts)), "",
@@ -320,8 +301,9 @@ class StudyReport:
 
     def table(self) -> str:
         """Markdown (fidelity.md)."""
-        lines = [*self.opening(), "", "## Statistics", *legend(), "", "## Fidelity horizons",
-                 *horizon_table(self.verdicts), "", "## Verdicts", verdict_table(self.verdicts),
+        lines = ["# Fidelity verdict", "", *self.sentences(), "", "## Run",
+                 *(f"- {key}: {value}" for key, value in self.settings.items()), "", "## Statistics", *legend(), "",
+                 "## Fidelity horizons", *horizon_table(self.verdicts), "", "## Verdicts", verdict_table(self.verdicts),
                  *separation_lines(self.separations(), self.verdicts), "", "## Policies"]
         titles = " | ".join(f"{title} (model / truth; model - truth)" for title, _ in COLUMNS.values())
         lines += [f"\n| policy | {titles} | path distance m | following gain dx (model) |",
@@ -382,16 +364,16 @@ def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:
                        f"scenarios; at least {MIN_SCENARIOS} scenarios to decide"}
 
 
-def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], within_horizon: bool = False,
-                  bootstrap: Bootstrap = Bootstrap()) -> WorldVerdict:
+def world_verdict(world: str, drives: dict[str, dict], truth: dict[str, dict], within_horizon: bool = False
+                  ) -> WorldVerdict:
     """A world's verdict with its fidelity horizon, and with ``within_horizon`` the verdict within it too."""
     pairs = pairs_of(drives, truth)
-    verdict = replace(judge_pairs(world, pairs, bootstrap), horizon=world_horizon(pairs, bootstrap))
+    verdict = replace(judge_pairs(world, pairs), horizon=world_horizon(pairs))
     seconds = cut_at(verdict.horizon, pairs) if within_horizon else None
     if seconds is None:
         return verdict
     kept = [s for s in STATISTICS if s.cut]
-    return replace(verdict, within=judge_pairs(world, within(pairs, seconds), bootstrap, kept), within_s=seconds)
+    return replace(verdict, within=judge_pairs(world, within(pairs, seconds), statistics=kept), within_s=seconds)
 
 
 def compare(runs: dict[str, dict[str, dict]], exploit: ExploitStudy | None = None,
@@ -414,11 +396,6 @@ class StudyFolders:
     lock: str = REPORT_FILES[0]  # the file naming the lock of ``top`` this run holds (one run of each part at a time)
 
 
-def in_shard(world: str, shard_worlds: str) -> bool:
-    """Whether a process of ``shard_worlds`` (:data:`SHARD_WORLDS`) drives the study's ``world``."""
-    return shard_worlds == "all" or (world in MODEL_WORLDS) == (shard_worlds == "engine")
-
-
 def study_drives(drives: Sequence[tuple[Hashable, int, str]], scenarios: Sequence[Hashable], worlds: Sequence[str],
                  num_control_scenarios: int | None = None, num_control_seeds: int | None = None
                  ) -> dict[str, list[str]]:
@@ -439,34 +416,28 @@ def study_plan(drive_ids: dict[str, list[str]], num_steps: int) -> str:
 
 
 def claim_study_folders(path: str | Path, drive_ids: dict[str, list[str]], videos: bool = True,
-                        manifest: str = MANIFEST, inputs: Inputs = (), setting: str = "output_dir",
-                        shard_worlds: str = "all") -> StudyFolders:
+                        manifest: str = MANIFEST, inputs: Inputs = (), shard_worlds: str = "all") -> StudyFolders:
     """The folders of a fidelity study of ``drive_ids`` that this run drives, checked before any work."""
     report = manifest == MANIFEST and shard_worlds == "all"
-    drive_ids = {world: ids for world, ids in drive_ids.items() if in_shard(world, shard_worlds)}
-    top = claim_output_dir(path, setting, files=REPORT_FILES if report else (), folders=tuple(drive_ids),
+    drive_ids = {world: ids for world, ids in drive_ids.items()
+                 if shard_worlds == "all" or (world in MODEL_WORLDS) == (shard_worlds == "engine")}
+    top = claim_output_dir(path, "output_dir", files=REPORT_FILES if report else (), folders=tuple(drive_ids),
                            inputs=inputs, app=APP)
-    folders = {world: claim_drive_folder(top.path / world, ids, videos, manifest, setting=f"{setting}/{world}")
+    folders = {world: claim_drive_folder(top.path / world, ids, videos, manifest, setting=f"output_dir/{world}")
                for world, ids in drive_ids.items()}
     lock = REPORT_FILES[0] if report else manifest if shard_worlds == "all" else f"{shard_worlds}.{manifest}"
     return StudyFolders(top, folders, drive_ids, report, lock)
 
 
 def run_study(worlds: dict[str, World], specs: Sequence[DriveSpec], settings: RunSettings,
-              model_settings: dict | None = None, plan_following=None,
-              folders: StudyFolders | None = None, exploit: bool = False,
-              num_control_scenarios: int | None = None, num_control_seeds: int | None = None,
-              within_horizon: bool = False) -> StudyReport | None:
+              num_control_scenarios: int | None = None) -> StudyReport | None:
     """Drive every spec in every world into ``settings.output_dir``/<world>, judge them and write the report."""
-    if folders is None:
-        scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
-        ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
-                           num_control_scenarios, num_control_seeds)
-        folders = claim_study_folders(settings.output_dir, ids, settings.videos, settings.manifest,
-                                      [item for spec in specs for item in spec.scenario.reads])
-    runner = LocalDrives(worlds, specs, model_settings or {}, plan_following)
-    study = partial(exploit_study, worlds, specs, settings) if exploit else None
-    report, _ = study_run(runner, settings, folders, study, within_horizon)
+    scenarios = list(dict.fromkeys(spec.scenario.id for spec in specs))
+    ids = study_drives([(spec.scenario.id, spec.replica, spec.id) for spec in specs], scenarios, list(worlds),
+                       num_control_scenarios)
+    folders = claim_study_folders(settings.output_dir, ids, settings.videos, settings.manifest,
+                                  [item for spec in specs for item in spec.scenario.reads])
+    report, _ = study_run(LocalDrives(worlds, specs), settings, folders)
     return report
 
 

@@ -58,12 +58,10 @@ def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Seq
     if world == "both":
         return checked_study(cfg, output_dir, overrides, preset)
     for name, most in (("num_control_scenarios", "num_scenarios"), ("num_control_seeds", "num_seeds")):
-        value = _checked(cfg, name)
-        if value is not None:
+        if (value := _checked(cfg, name)) is not None:
             raise TerraInputError(f"{name}={value} is how many of the study's {most}={select(cfg, most)} the controls "
                                   f"drive: it needs world=both and at most {most} (null: all)")
-    shard_worlds = _checked(cfg, "shard_worlds")
-    if shard_worlds != "all":
+    if (shard_worlds := _checked(cfg, "shard_worlds")) != "all":
         raise TerraInputError(f"shard_worlds={shard_worlds} picks some of a fidelity study's worlds: it needs "
                               "world=both (or shard_worlds=all)")
     if _checked(cfg, "exploitability"):
@@ -75,8 +73,7 @@ def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Seq
     if _checked(cfg, "within_horizon"):
         raise TerraInputError(f"within_horizon=true judges a fidelity study's worlds within their horizons: it needs "
                               f"world=both (got world={world})")
-    processes = _shard_processes(cfg)
-    if processes.groups:
+    if _shard_processes(cfg).groups:
         raise TerraInputError(f"shard_processes runs a fidelity study as shards of this machine: it needs world=both "
                               f"(got world={world}; python -m terra.closedloop.study.processes shards any run)")
     return drive_settings(cfg, output_dir)

@@ -18,6 +18,7 @@ from terra.stats import (
 MIN_LAG_PROMINENCE_DB = 1.0  # a flatter mean lag curve has no lag
 RANK_METRIC = "mean_abs_lane_offset_m"  # truth: the policies ranked by it in both worlds
 FRAMES, OUTCOMES = "every drive", "pixel policies"  # what a statistic rests on (Statistic.rests_on)
+NO_LANE = "no frame of the world shows a lane where the true frame does"
 
 
 class Undefined(Exception):
@@ -60,6 +61,13 @@ def value_or_reason(compute: Callable[[Sequence[Pair], Bootstrap], Interval], pa
         return undefined(bootstrap), str(why)
 
 
+def defined(value: Interval, why: str) -> Interval:
+    """``value``, or :class:`Undefined` for ``why`` where it has no estimate."""
+    if not np.isfinite(value.estimate):
+        raise Undefined(why)
+    return value
+
+
 def _followed(pairs: Sequence[Pair], bootstrap: Bootstrap):
     return following_slopes([read_following(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
                             bootstrap)
@@ -68,11 +76,9 @@ def _followed(pairs: Sequence[Pair], bootstrap: Bootstrap):
 def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
     """The gain of the motion recovered from the world's frames, with its interval over scenarios."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-        gain = _followed(pairs, bootstrap).gain[component]
-        if not np.isfinite(gain.estimate):
-            raise Undefined("no step's motion was recovered from the world's frames" if component == "dx" else
-                            "no step both turned and had its motion recovered from the world's frames")
-        return gain
+        return defined(_followed(pairs, bootstrap).gain[component],
+                       "no step's motion was recovered from the world's frames" if component == "dx" else
+                       "no step both turned and had its motion recovered from the world's frames")
     return statistic
 
 
@@ -93,11 +99,8 @@ def _repeated(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
 
 
 def _lane_slope(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    slope = lane_summary([read_lanes(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
-                         bootstrap).slope
-    if not np.isfinite(slope.estimate):
-        raise Undefined("no frame of the world shows a lane where the true frame does")
-    return slope
+    return defined(lane_summary([read_lanes(p.world["fidelity"]) for p in pairs], [p.scenario for p in pairs],
+                                bootstrap).slope, NO_LANE)
 
 
 def _lane_error(size: Callable[[np.ndarray], np.ndarray]) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
@@ -108,10 +111,7 @@ def _lane_error(size: Callable[[np.ndarray], np.ndarray]) -> Callable[[Sequence[
             lanes = read_lanes(p.world["fidelity"])
             labels += [p.scenario] * len(lanes.world)
             errors.append(size(lanes.error))
-        found = mean(labels, np.concatenate(errors), bootstrap)
-        if not np.isfinite(found.estimate):
-            raise Undefined("no frame of the world shows a lane where the true frame does")
-        return found
+        return defined(mean(labels, np.concatenate(errors), bootstrap), NO_LANE)
     return statistic
 
 
@@ -147,9 +147,7 @@ def _outcome(block: str, metric: str, scale: float = 1.0) -> Callable[[Sequence[
         truth = np.array([metric_value(p.truth, block, metric) for p in pairs]) * scale
         found = policies_median_difference([p.scenario for p in pairs], [p.policy for p in pairs], world, truth,
                                            bootstrap)
-        if not np.isfinite(found.estimate):
-            raise Undefined(f"no drive records {block}.{metric} in both worlds")
-        return found
+        return defined(found, f"no drive records {block}.{metric} in both worlds")
     return statistic
 
 
@@ -166,10 +164,8 @@ def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval
         if len({p.policy for p in pairs}) < 3:
             raise Undefined("fewer than 3 pixel policies to rank (policies that read no pixels and probes are left "
                             "out)")
-        found = getattr(rank_agreement(*ranked_values(pairs), bootstrap), coefficient)
-        if not np.isfinite(found.estimate):
-            raise Undefined(f"the policies' mean {RANK_METRIC} all tie in the world or in truth")
-        return found
+        return defined(getattr(rank_agreement(*ranked_values(pairs), bootstrap), coefficient),
+                       f"the policies' mean {RANK_METRIC} all tie in the world or in truth")
     return statistic
 
 

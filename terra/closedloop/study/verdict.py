@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from itertools import combinations
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -42,9 +43,7 @@ def measurements(pairs: Sequence[Pair], bootstrap: Bootstrap) -> dict[str, Inter
     scenarios = [p.scenario for p in pairs]
     found = {"path_distance_m": mean(scenarios, np.array([path_distance_m(p) for p in pairs]), bootstrap)}
     horizons = horizon_summary([read_horizons(p.world["fidelity"]) for p in pairs], scenarios, bootstrap)
-    for h, values in horizons.items():
-        found.update({f"{key}_h{h}": value for key, value in values.items()})
-    return found
+    return {**found, **{f"{key}_h{h}": value for h, values in horizons.items() for key, value in values.items()}}
 
 
 def metric_names(records: Sequence[dict]) -> list[tuple[str, str]]:
@@ -76,9 +75,8 @@ class Ranking:
 
     @property
     def ties(self) -> list[tuple[str, str]]:
-        n = len(self.policies)
-        return [(self.policies[i], self.policies[j]) for i in range(n) for j in range(i + 1, n)
-                if abs(self.truth[i] - self.truth[j]) < TIE]
+        truth = dict(zip(self.policies, self.truth))
+        return [(a, b) for a, b in combinations(self.policies, 2) if abs(truth[a] - truth[b]) < TIE]
 
     def as_dict(self) -> dict:
         return {"metric": RANK_METRIC, "policies": list(self.policies), "world": list(self.world),
