@@ -33,7 +33,8 @@ def taps(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray) -> Taps:
 
 def interpolate(grid: np.ndarray, where: Taps, cval: float) -> np.ndarray:
     """``grid`` (2-D) read bilinearly at ``where``, ``cval`` outside, as scipy's ``map_coordinates(order=1)``."""
-    flat, (row_w0, row_w1, col_w0, col_w1) = grid.ravel(), where.weights
-    total = sum(flat[corner] * row_w * col_w for corner, row_w, col_w in zip(
-        where.corners, (row_w0, row_w0, row_w1, row_w1), (col_w0, col_w1, col_w0, col_w1)))
+    flat = grid.ravel()
+    (c00, c01, c10, c11), (row_w0, row_w1, col_w0, col_w1) = where.corners, where.weights
+    total = flat[c00] * row_w0 * col_w0 + flat[c01] * row_w0 * col_w1 + flat[c10] * row_w1 * col_w0 \
+        + flat[c11] * row_w1 * col_w1
     return np.where(where.inside, total, cval)

@@ -205,8 +205,8 @@ def _draw_object(img, kind, u, v, scale, size, c1, c2, haze, fog, light=1.0, glo
     """One billboard from rectangles ``(x offset, width, bottom, top)`` and ellipses, in metres; colours are multiplied
     by ``light`` before fading into ``haze``; ``glow_colour``: what a lit part shines in."""
     w, h = size
-    c1, c2 = (c + fog * (haze - c) for c in (c1 * light, c2 * light))
-    white = np.full(3, 0.95) * light
+    c1, c2, white = c1 * light, c2 * light, np.full(3, 0.95) * light
+    c1, c2 = c1 + fog * (haze - c1), c2 + fog * (haze - c2)
     if glow_colour is not None:
         glow_colour = glow_colour + fog * (haze - glow_colour)
     if kind == TREE:
