@@ -102,6 +102,8 @@ def collision_classes(ego: MetricBox, pose: np.ndarray, others: list[tuple[Metri
     """``(front, rear, lateral)`` of the ``ego`` box centred on ``pose``."""
     front = rear = lateral = False
     near = [(box, where) for box, where in others if np.hypot(*(where[:2] - pose[:2])) <= ego.reach + box.reach]
+    if not near:  # the common step: no car within reach, no polygon to build
+        return front, rear, lateral
     ego_polygon, band = ego.at(pose), ego.length / 2 - ego.radius
     for box, where in near:
         shared = clip(box.at(where), ego_polygon)
