@@ -207,7 +207,7 @@ def straightened(action: np.ndarray) -> np.ndarray:
 
 
 class ModelControlWorld:
-    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own), else as is."""
+    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own)."""
 
     def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray] | None = None,
                  road_of: Callable[[Scenario], Road] | None = None) -> None:
@@ -218,8 +218,23 @@ class ModelControlWorld:
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> Any:
         return self.model.open(scenario, seed, max_frames, None if self.road_of is None else self.road_of(scenario))
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
+    def context_frames(self, drive) -> np.ndarray:
+        return self.model.context_frames(drive)
+
+    def reference_frames(self, drive) -> np.ndarray | None:
+        return self.model.reference_frames(drive)
+
+    def true_renders(self, drive) -> dict[bytes, np.ndarray] | None:
+        return self.model.true_renders(drive)
+
+    def route_source(self, drive) -> str | None:
+        return self.model.route_source(drive)
+
+    def route_told(self, drive) -> list[str] | None:
+        return self.model.route_told(drive)
+
+    def close(self, drive) -> None:
+        self.model.close(drive)
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
         generate, decode = self.model.generate_s, self.model.decode_s
