@@ -12,8 +12,7 @@ from terra.config.memory import ModelShape, plan_memory, tokenizer_pixels
 from terra.config.spec import RunSpec
 from terra.contract.layout import TokenLayout, check_window
 from terra.core.device import auto_dtype, check_device, resolve_device, set_threads
-from terra.generation import decoding
-from terra.generation.decoding import auto_streams
+from terra.generation.decoding import auto_passes_per_step, auto_streams, resolve_decoding
 from terra.models import LlamaActionConfig
 from terra.models.checkpoint import read_world_model_config
 
@@ -74,12 +73,12 @@ def resolve_backend_run(spec: RunSpec, streams: int = 1, model: LlamaActionConfi
     engine = dict(options)
     if kind == "vllm" and max_rollouts is not None:
         engine["max_num_seqs"] = max_rollouts
-    sampling = decoding.resolve_decoding(spec.sampling, kind, device, streams, asked, model)
+    sampling = resolve_decoding(spec.sampling, kind, device, streams, asked, model)
     passes = None
     if kind == "vllm" and sampling.decoding == "speculative":  # its graphs and passes a step are for this room
         room = engine.setdefault("max_num_seqs", DEFAULT_ROLLOUTS)
         passes = options.get("passes_per_step")
-        passes = decoding.auto_passes_per_step(room, sampling.draft_tokens, model) if passes is None else passes
+        passes = auto_passes_per_step(room, sampling.draft_tokens, model) if passes is None else passes
     spec = spec.replace(device=device, backend=kind, sampling=sampling, backend_options=options)
     return BackendRun(spec, model, dtype, requests, layout, tokenizer_pixels(spec.memory), refiner_device, engine,
                       passes)

@@ -126,7 +126,7 @@ def test_a_run_decides_its_engine_room_and_passes_a_step_once(monkeypatch):
     monkeypatch.setattr(resolve, "resolve_backend", lambda kind, device: kind)
     monkeypatch.setattr(decoding, "vllm_speculative_unavailable", lambda device, requests: None)
     asked, real = [], decoding.auto_passes_per_step
-    monkeypatch.setattr(decoding, "auto_passes_per_step", lambda room, *rest: asked.append(room) or real(room, *rest))
+    monkeypatch.setattr(resolve, "auto_passes_per_step", lambda room, *rest: asked.append(room) or real(room, *rest))
     spec = RunSpec(demo, "", backend="vllm", device="cuda", sampling=SamplingConfig(draft_tokens=144))
     one, many, unsized = (resolve.resolve_backend_run(spec, n, max_rollouts=room)
                           for n, room in ((1, 1), (16, 16), (1, None)))
