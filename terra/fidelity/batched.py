@@ -53,30 +53,10 @@ class _Grid:
             grid = _correlate_reflect(grid, kernel, axis + 1)
         return torch.where(self.valid, grid / self.weight, torch.nan)
 
-    def taps(self, x: torch.Tensor, y: torch.Tensor) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...],
-                                                              torch.Tensor]:
-        """:meth:`BirdsEye.taps` of ground points ``[N, P]``."""
-        level = self.grid.level
-        return _make_taps(self.shape, (x - self.grid.x0) / level.cell_x, (y - self.grid.y0) / level.cell_y)
-
 
 def _taps(where: Taps, device: torch.device) -> tuple:
     return (tuple(_tensor(c, device) for c in where.corners), tuple(_tensor(w, device) for w in where.weights),
             _tensor(where.inside, device))
-
-
-def _make_taps(shape: tuple[int, int], rows: torch.Tensor, cols: torch.Tensor) -> tuple:
-    """``taps`` in torch."""
-    height, width = shape
-    inside = (rows >= 0) & (rows <= height - 1) & (cols >= 0) & (cols <= width - 1)
-    rows, cols = torch.where(inside, rows, 0.0), torch.where(inside, cols, 0.0)
-    row0, col0 = torch.floor(rows), torch.floor(cols)
-    row_w0, col_w0 = 1.0 - (rows - row0), 1.0 - (cols - col0)
-    i0, j0 = row0.long(), col0.long()
-    i1 = torch.where(i0 + 1 < height, i0 + 1, max(height - 2, 0)) * width
-    j1 = torch.where(j0 + 1 < width, j0 + 1, max(width - 2, 0))
-    i0 = i0 * width
-    return (i0 + j0, i0 + j1, i1 + j0, i1 + j1), (row_w0, 1.0 - row_w0, col_w0, 1.0 - col_w0), inside
 
 
 def _interpolate(flat: torch.Tensor, where: tuple, cval: float, shared: bool = True) -> torch.Tensor:
@@ -149,7 +129,7 @@ def _warp(grid: _Grid, earlier: torch.Tensor, motion: torch.Tensor) -> tuple[tor
     px, py = grid.points[:, 0], grid.points[:, 1]
     x = motion[:, 0, 0, None] * px + motion[:, 0, 1, None] * py + motion[:, 0, 2, None]
     y = motion[:, 1, 0, None] * px + motion[:, 1, 1, None] * py + motion[:, 1, 2, None]
-    values = _interpolate(earlier.flatten(1), grid.taps(x, y), torch.nan, shared=False)
+    values = _interpolate(earlier.flatten(1), grid.grid.taps(x, y, torch), torch.nan, shared=False)
     return values, x, torch.isfinite(values)
 
 

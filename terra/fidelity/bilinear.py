@@ -3,7 +3,8 @@ without its per-point cost: the odometry's."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from types import ModuleType
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -16,17 +17,17 @@ class Taps(NamedTuple):
     inside: np.ndarray
 
 
-def taps(shape: tuple[int, int], rows: np.ndarray, cols: np.ndarray) -> Taps:
-    """The :class:`Taps` of points ``(rows, cols)`` (float64, any shape) on a grid of ``shape``, as scipy's order-1
-    ``map_coordinates(mode="constant")`` takes them."""
+def taps(shape: tuple[int, int], rows: Any, cols: Any, xp: ModuleType = np) -> Taps:
+    """The :class:`Taps` of points ``(rows, cols)`` (float64, any shape; numpy, or torch with ``xp=torch``) on a grid of
+    ``shape``, as scipy's order-1 ``map_coordinates(mode="constant")`` takes them."""
     height, width = shape
     inside = (rows >= 0) & (rows <= height - 1) & (cols >= 0) & (cols <= width - 1)
-    rows, cols = np.where(inside, rows, 0.0), np.where(inside, cols, 0.0)
-    row0, col0 = np.floor(rows), np.floor(cols)
+    rows, cols = xp.where(inside, rows, 0.0), xp.where(inside, cols, 0.0)
+    row0, col0 = xp.floor(rows), xp.floor(cols)
     row_w0, col_w0 = 1.0 - (rows - row0), 1.0 - (cols - col0)
-    i0, j0 = row0.astype(np.intp), col0.astype(np.intp)
-    i1 = np.where(i0 + 1 < height, i0 + 1, max(height - 2, 0)) * width
-    j1 = np.where(j0 + 1 < width, j0 + 1, max(width - 2, 0))
+    i0, j0 = xp.asarray(row0, dtype=xp.int64), xp.asarray(col0, dtype=xp.int64)
+    i1 = xp.where(i0 + 1 < height, i0 + 1, max(height - 2, 0)) * width
+    j1 = xp.where(j0 + 1 < width, j0 + 1, max(width - 2, 0))
     i0 = i0 * width
     return Taps((i0 + j0, i0 + j1, i1 + j0, i1 + j1), (row_w0, 1.0 - row_w0, col_w0, 1.0 - col_w0), inside)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
+from types import ModuleType
 from typing import Any, Sequence
 
 import numpy as np
@@ -104,9 +105,9 @@ class BirdsEye:
         """``grid`` at ground points (bilinear); NaN outside its valid cells."""
         return interpolate(grid, self.taps(x, y), np.nan)
 
-    def taps(self, x: np.ndarray, y: np.ndarray) -> Taps:
-        """The :class:`Taps` of ground points on this grid."""
-        return taps(self.seen.shape, (x - self.x0) / self.level.cell_x, (y - self.y0) / self.level.cell_y)
+    def taps(self, x: Any, y: Any, xp: ModuleType = np) -> Taps:
+        """The :class:`Taps` of ground points on this grid (numpy, or torch with ``xp=torch``)."""
+        return taps(self.seen.shape, (x - self.x0) / self.level.cell_x, (y - self.y0) / self.level.cell_y, xp)
 
 
 @lru_cache(maxsize=4)
