@@ -38,14 +38,10 @@ def _trailing(values: np.ndarray) -> np.ndarray:
     return np.convolve(values, np.ones(MOMENT_STEPS))[:len(values)]
 
 
-def departure_frame(departed: np.ndarray, moment: int = MOMENT_STEPS) -> int | None:
-    """The first frame of the first ``moment`` departed frames in a row (None: the drive never departs)."""
-    run = 0
-    for frame, gone in enumerate(np.asarray(departed, dtype=bool)):
-        run = run + 1 if gone else 0
-        if run == moment:
-            return frame - moment + 1
-    return None
+def departure_frame(departed: np.ndarray) -> int | None:
+    """The first frame of the first :data:`MOMENT_STEPS` departed frames in a row (None: the drive never departs)."""
+    ends = np.flatnonzero(_trailing(np.asarray(departed, dtype=float)) == MOMENT_STEPS) if len(departed) else []
+    return int(ends[0]) - MOMENT_STEPS + 1 if len(ends) else None
 
 
 @dataclass(frozen=True)
