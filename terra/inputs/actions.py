@@ -81,18 +81,11 @@ def manoeuvre_motion(name: str, num_frames: int, **params: float) -> Manoeuvre:
 
 
 def load_actions(path: str | Path, num_frames: int | None = None) -> np.ndarray:
-    """Read any supported trajectory file and return ``[T, 6, 3]`` actions."""
-    return load_trajectory(path, num_frames)[1]
-
-
-def load_trajectory(path: str | Path, num_frames: int | None = None) -> tuple[Any, np.ndarray]:
-    """A trajectory file read once: its content and its checked ``[T, 6, 3]`` actions."""
-    path = Path(path)
+    """Read any supported trajectory file and return its checked ``[T, 6, 3]`` actions."""
     source = str(path)
     with trajectory_file_errors(source):
-        value = read_trajectory_file(path)
-        actions = actions_of(motion_of(value, source, num_frames), source, num_frames)
-    return value, validate_actions(actions, source, num_frames or 1)
+        actions = actions_of(motion_of(read_trajectory_file(Path(path)), source, num_frames), source, num_frames)
+    return validate_actions(actions, source, num_frames or 1)
 
 
 def check_input_files(context: str | Sequence[str] | None, trajectory: str | Path | None) -> None:
