@@ -201,8 +201,8 @@ def luminance(frames: torch.Tensor) -> torch.Tensor:
     return frames.float() @ _tensor(LUMA, frames.device)
 
 
-def estimate_pairs(frames: np.ndarray, pairs: Sequence[tuple[int, int]], min_match: float, device: str,
-                   min_sky_luminance: float = MIN_SKY_LUMINANCE) -> list[Motion | None]:
+def estimate_pairs(frames: np.ndarray, pairs: Sequence[tuple[int, int]], min_match: float,
+                   device: str) -> list[Motion | None]:
     """``estimate_motion`` for each pair ``(i, j)`` of ``frames [F, H, W, 3]`` on ``device``, many pairs at once."""
     if not pairs:
         return []
@@ -217,7 +217,7 @@ def estimate_pairs(frames: np.ndarray, pairs: Sequence[tuple[int, int]], min_mat
         for start in range(0, len(pairs), PAIRS_AT_ONCE):
             chunk = torch.as_tensor(pairs[start:start + PAIRS_AT_ONCE], device=where)
             before, after = chunk[:, 0], chunk[:, 1]
-            ok = torch.minimum(sky[before], sky[after]) >= min_sky_luminance
+            ok = torch.minimum(sky[before], sky[after]) >= MIN_SKY_LUMINANCE
             motion = None
             for grid, image in zip(grids, images):
                 earlier, later = image[before], image[after]
