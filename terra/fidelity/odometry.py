@@ -101,10 +101,6 @@ class BirdsEye:
         grid = ndimage.gaussian_filter(grid, self.sigma) / np.maximum(self.weight, 1e-9)
         return np.where(self.valid, grid, np.nan)
 
-    def sample(self, grid: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        """``grid`` at ground points (bilinear); NaN outside its valid cells."""
-        return interpolate(grid, self.taps(x, y), np.nan)
-
     def taps(self, x: Any, y: Any, xp: ModuleType = np) -> Taps:
         """The :class:`Taps` of ground points on this grid (numpy, or torch with ``xp=torch``)."""
         return taps(self.seen.shape, (x - self.x0) / self.level.cell_x, (y - self.y0) / self.level.cell_y, xp)
@@ -294,7 +290,7 @@ def _warp(grid: BirdsEye, earlier: np.ndarray, motion: np.ndarray) -> tuple[np.n
     points = grid.points
     x = motion[0, 0] * points[:, 0] + motion[0, 1] * points[:, 1] + motion[0, 2]
     y = motion[1, 0] * points[:, 0] + motion[1, 1] * points[:, 1] + motion[1, 2]
-    values = grid.sample(earlier, x, y)
+    values = interpolate(earlier, grid.taps(x, y), np.nan)
     return values, x, np.isfinite(values)
 
 
