@@ -31,11 +31,12 @@ from terra.sim.recoveries import CONTEXT_FRAMES, random_recovery
 from terra.sim.scene import DOMAINS
 
 
+APP = "terra-make-dataset"
 LEFTOVERS = (".tmp", ".old")  # atomic_dir's ``.<name>.tmp`` and ``.<name>.old`` folders
 
 
 def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], recorded: Callable[[Path], dict | None],
-                 what: str, setting: str, app: str) -> set[str]:
+                 what: str) -> set[str]:
     """The names among ``found`` whose ``recorded`` settings equal ``wanted[name]``; the rest of this program's outputs
     are removed with one line on stderr; an entry not listed in the folder's marker raises :class:`TerraInputError`
     before anything is removed."""
@@ -45,9 +46,9 @@ def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], re
     if foreign:
         them = "it" if len(foreign) == 1 else "them"
         raise TerraInputError(
-            f"{setting}={one_line(out)} holds {', '.join(shown(n, 60) for n in foreign[:3])}"
-            f"{f' and {len(foreign) - 3} more' if len(foreign) > 3 else ''}, which {app} did not write and which "
-            f"would be mistaken for its {what}; move {them} away or choose another {setting}")
+            f"out_dir={one_line(out)} holds {', '.join(shown(n, 60) for n in foreign[:3])}"
+            f"{f' and {len(foreign) - 3} more' if len(foreign) > 3 else ''}, which {APP} did not write and which "
+            f"would be mistaken for its {what}; move {them} away or choose another out_dir")
     keep: set[str] = set()
     changed: dict[str, list[str]] = {}  # stale name -> the settings it was made with otherwise
     unwanted, unrecorded = [], []
@@ -76,13 +77,12 @@ def kept_outputs(out: Path, found: Iterable[str], wanted: Mapping[str, dict], re
         why = [f"{len(changed)} made with other {', '.join(sorted({k for keys in changed.values() for k in keys}))}"
                if changed else "", f"{len(unwanted)} that this run does not write" if unwanted else "",
                f"{len(unrecorded)} without a record of their settings" if unrecorded else ""]
-        print(f"{app}: removed {len(stale)} {what} that an earlier run left in {one_line(out)} "
+        print(f"{APP}: removed {len(stale)} {what} that an earlier run left in {one_line(out)} "
               f"({'; '.join(w for w in why if w)})", file=sys.stderr, flush=True)
     return keep
 
 
 DATASET_VERSION = 3  # 3: routes [x, y, s] (2: [y, x, s]; 1: the road's centre line)
-APP = "terra-make-dataset"
 META_FILE = "meta.json"
 ARRAYS = ("frames", "poses", "instruction_trajs", "actions", "routes")
 OPTIONAL_ARRAYS = ("routes",)  # absent from datasets written before clips carried routes
@@ -153,8 +153,7 @@ def write_dataset(out_dir: str | Path, num_clips: int, num_frames: int, height: 
              width, seed, compress, domain, recipe) for k, start in enumerate(range(0, num_clips, clips_per_shard))]
     wanted = {Path(job[0]).name: shard_settings(job) for job in jobs}
     found = [entry.name for entry in os.scandir(out) if fnmatch.fnmatchcase(entry.name, SHARD_FILES)]
-    kept = kept_outputs(out, found, wanted, lambda path: (shard_record(path) or {}).get("settings"), "shards",
-                        "out_dir", APP)
+    kept = kept_outputs(out, found, wanted, lambda path: (shard_record(path) or {}).get("settings"), "shards")
     mark(out, wanted)
     done = {name: shard_record(out / name)["clips"] for name in kept}
     todo = [job for job in jobs if Path(job[0]).name not in kept]

@@ -17,11 +17,10 @@ from terra.core.errors import TerraInputError
 from terra.core.progress import Progress
 from terra.inputs.driving_logs import ROAD_FILES, TIMESTAMPS_FILE, TRAJECTORY_STEM
 from terra.roads import write_road_file
-from terra.sim.dataset import RECIPES, check_recipe, check_sizes, map_in_processes, kept_outputs
+from terra.sim.dataset import APP, RECIPES, check_recipe, check_sizes, map_in_processes, kept_outputs
 from terra.sim.scene import scene_road
 
 LOGS_META_FILE = "clips.json"
-APP = "terra-make-dataset"
 TRAJECTORY_FILE = f"{TRAJECTORY_STEM}.csv"
 ROAD_FILE = ROAD_FILES[0]  # road.json
 CLIP_RECORD = ".clip-settings.json"  # in a clip folder: the settings it was made with (hidden: not read as a log)
@@ -48,7 +47,7 @@ def write_driving_logs(out_dir: str | Path, num_clips: int, num_frames: int, hei
     # every visible folder is a clip to terra-prepare-logs: only this run's stay
     found = [entry.name for entry in os.scandir(out) if entry.is_dir() and not entry.name.startswith(".")]
     wanted = {name: clip_settings(i, num_frames, height, width, seed, domain, recipe) for i, name in enumerate(ids)}
-    kept_outputs(out, found, wanted, recorded_settings, "clip folders", "out_dir", APP)
+    kept_outputs(out, found, wanted, recorded_settings, "clip folders")
     mark(out, ids)
     jobs = [(str(out / name), i, num_frames, height, width, seed, domain, recipe) for i, name in enumerate(ids)]
     with Progress(len(jobs), "rendering clips", "clip", enabled=progress) as bar:
