@@ -161,9 +161,8 @@ def _pair_sources(series: Sequence[np.ndarray]) -> list[list[tuple[str, Any]]]:
     for s, frames in enumerate(series):
         again = [t > 0 and frames[t].tobytes() == frames[t - 1].tobytes() for t in range(len(frames))]
         shown = [{o for o in range(s) if series[o][t].tobytes() == frames[t].tobytes()} for t in range(len(frames))]
-        first = list(range(len(frames)))  # the first frame of the run of equal frames each frame is in
-        for t in range(1, len(frames)):
-            first[t] = first[t - 1] if again[t] else t
+        # the first frame of the run of equal frames each frame is in
+        first = np.maximum.accumulate(np.where(again, 0, np.arange(len(frames)))).tolist()
         rows: list[tuple[str, Any]] = []
         for t in range(len(frames) - 1):
             earlier = shown[t] & shown[t + 1]
