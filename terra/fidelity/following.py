@@ -100,7 +100,6 @@ def action_following(frames: np.ndarray, commanded: np.ndarray,
                      bootstrap: Bootstrap = Bootstrap()) -> tuple[Following, FollowingFit]:
     """One drive's recovered and commanded motions, gains and slopes, with intervals over :data:`BLOCK_STEPS` blocks."""
     drive = recover(frames, commanded)
-    steps = len(drive.commanded)
-    blocks = [Following(drive.commanded[i:i + BLOCK_STEPS], drive.recovered[i:i + BLOCK_STEPS],
-                        drive.match[i:i + BLOCK_STEPS]) for i in range(0, steps, BLOCK_STEPS)]
+    blocks = [Following(*(part[i:i + BLOCK_STEPS] for part in (drive.commanded, drive.recovered, drive.match)))
+              for i in range(0, len(drive.commanded), BLOCK_STEPS)]
     return drive, following_slopes(blocks, list(range(len(blocks))), bootstrap)
