@@ -49,10 +49,9 @@ def actions_from_instruction_trajs(trajs: Any, source: str = "instruction_trajs"
     """``[T, 6, 3]`` actions ``[y, x, time]`` from per-frame 60-point future trajectories ``[T, N>=60, 2|3]``."""
     arr = finite_array(trajs, source)
     if arr.ndim != 3 or arr.shape[1] < FUTURE_POINTS or arr.shape[2] < 2:
-        raise TerraInputError(
-            f"{source}: instruction trajectories must have shape [frames, >={FUTURE_POINTS} points, 2 or 3 "
-            f"(x, y[, z])], got {list(arr.shape)}; give 3 s of future points at 20 Hz per frame"
-        )
+        raise TerraInputError(f"{source}: instruction trajectories must have shape [frames, >={FUTURE_POINTS} "
+                              f"points, 2 or 3 (x, y[, z])], got {list(arr.shape)}; give 3 s of future points at 20 "
+                              "Hz per frame")
     points = in_reach(arr[:, ACTION_POINT_INDICES, :2], source)  # [T, 6, (x, y)]
     times = np.broadcast_to(ACTION_TIMES[None, :, None], (len(arr), NUM_ACTION_TOKENS, 1))
     return np.concatenate([points[..., ::-1], times], axis=-1).astype(np.float32)
@@ -171,10 +170,8 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
         if not manoeuvre and keys == ["manoeuvre"]:
             raise TerraInputError(f"{source}: names a manoeuvre; a driving log needs the recorded trajectory")
         if len(keys) != 1:
-            raise TerraInputError(
-                f"{source}: expected exactly one of the keys actions, instruction_trajs, trajectory, manoeuvre "
-                f"(found {sorted(value)})"
-            )
+            raise TerraInputError(f"{source}: expected exactly one of the keys actions, instruction_trajs, "
+                                  f"trajectory, manoeuvre (found {sorted(value)})")
         key = keys[0]
         if key == "actions":
             return value[key]
@@ -184,10 +181,8 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
             return trajectory_from_mapping(value[key], source)
         spec = value[key]
         if not isinstance(spec, (str, dict)):
-            raise TerraInputError(
-                f"{source}: manoeuvre must be a name or an object {{\"name\": ..., \"speed_kmh\": ...}} "
-                f"(got {shown(spec)})"
-            )
+            raise TerraInputError(f"{source}: manoeuvre must be a name or an object {{\"name\": ..., "
+                                  f"\"speed_kmh\": ...}} (got {shown(spec)})")
         spec = {"name": spec} if isinstance(spec, str) else dict(spec)
         name = spec.pop("name", None)
         if name not in MANOEUVRES:
@@ -204,10 +199,8 @@ def motion_of(value: Any, source: str, num_frames: int | None, manoeuvre: bool =
         return actions_from_instruction_trajs(arr, source)
     if arr.ndim == 2 and arr.shape[1] in (2, 3):
         return trajectory_from_mapping(arr, source)
-    raise TerraInputError(
-        f"{source}: array of shape {list(arr.shape)} is not a trajectory; use [T, 6, 3] actions, "
-        "[T, 60, 3] instruction trajectories or [N, 2|3] world-frame x, y[, yaw] at 10 Hz"
-    )
+    raise TerraInputError(f"{source}: array of shape {list(arr.shape)} is not a trajectory; use [T, 6, 3] actions, "
+                          "[T, 60, 3] instruction trajectories or [N, 2|3] world-frame x, y[, yaw] at 10 Hz")
 
 
 def trajectory_action(trajectory: Any, source: str = "action trajectory") -> np.ndarray:

@@ -58,10 +58,9 @@ class EgoTrajectory:
         speed = np.hypot(np.diff(x), np.diff(y)) / dt
         if speed.max() > MAX_SPEED_MPS:
             i = int(np.argmax(speed))
-            raise TerraInputError(
-                f"{source}: the car would move at {past(speed[i], MAX_SPEED_MPS)} m/s between points {i} and {i + 1}, "
-                f"faster than {MAX_SPEED_MPS:g} m/s; give positions in metres and times in seconds"
-            )
+            raise TerraInputError(f"{source}: the car would move at {past(speed[i], MAX_SPEED_MPS)} m/s between points "
+                                  f"{i} and {i + 1}, faster than {MAX_SPEED_MPS:g} m/s; give positions in metres and "
+                                  "times in seconds")
         return cls(t=t, x=x, y=y, yaw=np.unwrap(yaw))
 
     @property
@@ -82,9 +81,8 @@ class EgoTrajectory:
             dt_last = self.t[-1] - self.t[-2]
             speed = np.hypot(self.x[-1] - self.x[-2], self.y[-1] - self.y[-2]) / dt_last
             rate = (self.yaw[-1] - self.yaw[-2]) / dt_last
-            x[late], y[late], yaw[late] = _integrate_arc(
-                self.x[-1], self.y[-1], self.yaw[-1], speed, rate, flat[late] - self.t[-1]
-            )
+            x[late], y[late], yaw[late] = _integrate_arc(self.x[-1], self.y[-1], self.yaw[-1], speed, rate,
+                                                         flat[late] - self.t[-1])
         return np.stack([x, y, yaw], axis=-1).reshape(*times.shape, 3)
 
     def instruction_trajs(self, num_frames: int | None = None, fps: float = FRAME_RATE_HZ) -> np.ndarray:

@@ -253,10 +253,8 @@ class ClipDataset:
             raise TerraInputError(f"{self.path} is not a clip dataset (no {META_FILE}); run terra-make-dataset")
         self.meta = json.loads(meta_path.read_text())
         if self.meta.get("version") != DATASET_VERSION:
-            raise TerraInputError(
-                f"{meta_path} has dataset version {self.meta.get('version')}, this code reads {DATASET_VERSION}; "
-                "regenerate the dataset"
-            )
+            raise TerraInputError(f"{meta_path} has dataset version {self.meta.get('version')}, this code reads "
+                                  f"{DATASET_VERSION}; regenerate the dataset")
         counts = [s["num_clips"] for s in self.meta["shards"]]
         self._shard_start = np.concatenate([[0], np.cumsum(counts)])
         self._cached: tuple[int, dict[str, np.ndarray]] | None = None

@@ -304,10 +304,8 @@ def _objects(rng: np.random.Generator, scene: Scene) -> Objects:
                      np.array([0.15, 0.18, 0.22])))
         s += rng.uniform(60.0, 200.0)
     kind, s_arr, d_arr, w, h, c1, c2 = zip(*rows)
-    return Objects(
-        kind=np.array(kind), xy=scene.lane_pose(np.array(s_arr), np.array(d_arr))[:, :2],
-        size=np.stack([w, h], axis=1), colour=np.stack(c1), colour2=np.stack(c2),
-    )
+    return Objects(kind=np.array(kind), xy=scene.lane_pose(np.array(s_arr), np.array(d_arr))[:, :2],
+                   size=np.stack([w, h], axis=1), colour=np.stack(c1), colour2=np.stack(c2))
 
 
 def _hills(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:

@@ -66,9 +66,7 @@ def load_tokens(path: str | Path) -> TokenizedClips:
             meta = fh.metadata() or {}
         tensors = load_file(str(path))
     except (SafetensorError, OSError) as err:
-        raise TerraInputError(
-            f"tokenized clips {path} cannot be read ({err}); re-run terra-tokenize"
-        ) from None
+        raise TerraInputError(f"tokenized clips {path} cannot be read ({err}); re-run terra-tokenize") from None
     if meta.get("version") != TOKENS_VERSION or not {"codes", "actions", "poses"} <= tensors.keys():
         raise TerraInputError(f"{path} is not a tokenized-clips file of version {TOKENS_VERSION}; re-run "
                               "terra-tokenize")
