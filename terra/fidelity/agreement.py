@@ -79,13 +79,10 @@ def lane_summary(drives: Sequence[LaneAgreement], clusters: Sequence[Hashable],
     drive_of = [i for i, drive in enumerate(drives) for _ in range(len(drive.world))]
     world = np.concatenate([drive.world for drive in drives])
     truth = np.concatenate([drive.truth for drive in drives])
-    return LaneSummary(
-        slope=within_slope(labels, drive_of, truth, world, bootstrap),
-        mean_abs_error_m=mean(labels, np.abs(world - truth), bootstrap),
-        found_world=mean(labels, np.isfinite(world).astype(float), bootstrap),
-        found_truth=mean(labels, np.isfinite(truth).astype(float), bootstrap),
-        frames=len(labels),
-    )
+    return LaneSummary(slope=within_slope(labels, drive_of, truth, world, bootstrap),
+                       mean_abs_error_m=mean(labels, np.abs(world - truth), bootstrap),
+                       found_world=mean(labels, np.isfinite(world).astype(float), bootstrap),
+                       found_truth=mean(labels, np.isfinite(truth).astype(float), bootstrap), frames=len(labels))
 
 
 def frame_fidelity(world_frames: np.ndarray, true_frames: np.ndarray, horizons: Sequence[int] = HORIZONS,

@@ -84,12 +84,10 @@ def clip_from_trajectory(
     offsets = None if camera_offsets is None else np.asarray(camera_offsets)[:num_frames]
     cameras = poses if offsets is None else compose(poses, offsets)
     frames = np.stack([render(scene, p, height, width) for p in cameras])
-    return Clip(
-        frames=frames, poses=poses, instruction_trajs=trajs, actions=actions_from_instruction_trajs(trajs),
-        manoeuvre=manoeuvre, seed=scene.seed, start_s=float(start_s), speed_kmh=float(speed_kmh),
-        scene_length_m=scene.length_m, domain=scene.domain, routes=scene.route(poses, DATASET_ROUTE_POINTS),
-        off_pose_frames=0 if offsets is None else int(np.cumprod(offsets.any(-1)).sum()),
-    )
+    return Clip(frames=frames, poses=poses, instruction_trajs=trajs, actions=actions_from_instruction_trajs(trajs),
+                manoeuvre=manoeuvre, seed=scene.seed, start_s=float(start_s), speed_kmh=float(speed_kmh),
+                scene_length_m=scene.length_m, domain=scene.domain, routes=scene.route(poses, DATASET_ROUTE_POINTS),
+                off_pose_frames=0 if offsets is None else int(np.cumprod(offsets.any(-1)).sum()))
 
 
 def make_clip(scene: Scene, manoeuvre: str, num_frames: int, height: int, width: int, speed_kmh: float = 30.0,
@@ -176,12 +174,9 @@ def chain_trajectories(first: EgoTrajectory, second: EgoTrajectory, duration: fl
     """``first`` followed by ``second`` started from ``first``'s final pose, cut to ``duration`` seconds."""
     moved = place(second, np.array([first.x[-1], first.y[-1], first.yaw[-1]]))
     keep = moved.t[1:] + first.t[-1] <= duration + 1e-9
-    return EgoTrajectory(
-        t=np.concatenate([first.t, moved.t[1:][keep] + first.t[-1]]),
-        x=np.concatenate([first.x, moved.x[1:][keep]]),
-        y=np.concatenate([first.y, moved.y[1:][keep]]),
-        yaw=np.concatenate([first.yaw, moved.yaw[1:][keep]]),
-    )
+    return EgoTrajectory(t=np.concatenate([first.t, moved.t[1:][keep] + first.t[-1]]),
+                         x=np.concatenate([first.x, moved.x[1:][keep]]), y=np.concatenate([first.y, moved.y[1:][keep]]),
+                         yaw=np.concatenate([first.yaw, moved.yaw[1:][keep]]))
 
 
 def _lane_keeping(scene: Scene, start_s: float, lateral: float | None, speed_kmh: float, accel: float,

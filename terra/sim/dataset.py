@@ -230,11 +230,8 @@ def _write_shard(path: str, start: int, end: int, num_frames: int, height: int, 
     clips = [RECIPES[recipe](np.random.default_rng([seed, i]), num_frames, domain).render(num_frames, height, width)
              for i in range(start, end)]
     arrays = {name: np.stack([getattr(c, name) for c in clips]) for name in ARRAYS}
-    metas = [
-        {"manoeuvre": c.manoeuvre, "scene_seed": c.seed, "start_s": c.start_s, "speed_kmh": c.speed_kmh,
-         "scene_length_m": c.scene_length_m, "off_pose_frames": c.off_pose_frames}
-        for c in clips
-    ]
+    metas = [{"manoeuvre": c.manoeuvre, "scene_seed": c.seed, "start_s": c.start_s, "speed_kmh": c.speed_kmh,
+              "scene_length_m": c.scene_length_m, "off_pose_frames": c.off_pose_frames} for c in clips]
     job = (path, start, end, num_frames, height, width, seed, compress, domain, recipe)
     record = json_text({"settings": shard_settings(job), "clips": metas})
     save = np.savez_compressed if compress else np.savez
@@ -290,12 +287,10 @@ class ClipDataset:
         arrays = self.shard(shard)
         row = index - int(self._shard_start[shard])
         info = self.meta["clips"][index]
-        return Clip(
-            **{name: arrays[name][row] for name in ARRAYS if name in arrays},
-            manoeuvre=info["manoeuvre"], seed=info["scene_seed"], start_s=info["start_s"],
-            speed_kmh=info["speed_kmh"], scene_length_m=info["scene_length_m"], domain=self.domain,
-            off_pose_frames=int(info.get("off_pose_frames", 0)),
-        )
+        return Clip(**{name: arrays[name][row] for name in ARRAYS if name in arrays}, manoeuvre=info["manoeuvre"],
+                    seed=info["scene_seed"], start_s=info["start_s"], speed_kmh=info["speed_kmh"],
+                    scene_length_m=info["scene_length_m"], domain=self.domain,
+                    off_pose_frames=int(info.get("off_pose_frames", 0)))
 
     def __iter__(self) -> Iterator[Clip]:
         return (self[i] for i in range(len(self)))

@@ -44,11 +44,9 @@ def save_tokens(path: str | Path, clips: TokenizedClips) -> Path:
               "routes": (clips.routes, np.float32), "off_pose_frames": (clips.off_pose_frames, np.int32)}
     tensors = {name: np.ascontiguousarray(array, dtype=kind) for name, (array, kind) in arrays.items()
                if array is not None}
-    metadata = {
-        "version": TOKENS_VERSION, "codebook_size": str(clips.codebook_size),
-        "image_height": str(clips.image_size[0]), "image_width": str(clips.image_size[1]),
-        "source": clips.source, "tokenizer": clips.tokenizer,
-    }
+    metadata = {"version": TOKENS_VERSION, "codebook_size": str(clips.codebook_size),
+                "image_height": str(clips.image_size[0]), "image_width": str(clips.image_size[1]),
+                "source": clips.source, "tokenizer": clips.tokenizer}
     path.parent.mkdir(parents=True, exist_ok=True)
     mark(path.parent, [path.name])  # the toolkit's file: a later run may replace it
     with atomic_path(path) as tmp:
@@ -87,13 +85,10 @@ def load_tokens(path: str | Path) -> TokenizedClips:
             or off_pose.max(initial=0) > num_frames:
         raise TerraInputError(f"tokenized clips {path}: tensor off_pose_frames is not {num_clips} int32 counts in "
                               f"[0, {num_frames}]; {fix}")
-    return TokenizedClips(
-        codes=tensors["codes"].astype(np.int64), actions=tensors["actions"], poses=tensors["poses"],
-        codebook_size=codebook_size,
-        image_size=(int(meta["image_height"]), int(meta["image_width"])),
-        source=meta.get("source", ""), tokenizer=meta.get("tokenizer", ""), routes=routes,
-        off_pose_frames=off_pose.astype(np.int64),
-    )
+    return TokenizedClips(codes=tensors["codes"].astype(np.int64), actions=tensors["actions"], poses=tensors["poses"],
+                          codebook_size=codebook_size, image_size=(int(meta["image_height"]), int(meta["image_width"])),
+                          source=meta.get("source", ""), tokenizer=meta.get("tokenizer", ""), routes=routes,
+                          off_pose_frames=off_pose.astype(np.int64))
 
 
 def checked_routes(routes: np.ndarray, frames: tuple[int, ...], where: str, fix: str) -> np.ndarray:
