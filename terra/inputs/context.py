@@ -16,10 +16,8 @@ def resolve_path(path: str | os.PathLike, base: Path) -> str:
     return str(p if p.is_absolute() else base / p)
 
 
-def load_context(
-    sources: str | os.PathLike | Sequence[str], image_size: tuple[int, int], num_context: int | None,
-    base: Path | None = None, resize: str = "crop",
-) -> tuple[torch.Tensor, list[str]]:
+def load_context(sources: str | os.PathLike | Sequence[str], image_size: tuple[int, int], num_context: int | None,
+                 base: Path | None = None, resize: str = "crop") -> tuple[torch.Tensor, list[str]]:
     """The last ``num_context`` frames (None: all), resized: images ``[N, 3, H, W]`` in [-1, 1] and the sources read."""
     from terra.tokenizer.images import load_images
 

@@ -44,10 +44,9 @@ def manoeuvre_actions(name: str, num_context: int, num_frames: int, **params: fl
     return actions_for_manoeuvre(name, num_context + num_frames, **params)
 
 
-def trajectory_inputs(
-    trajectory: Any, num_context: int, num_frames: int, route_tokens: int = 0, source: str = "trajectory",
-    base: Path | None = None, skip: int = 0, beside: GivenRoutes | None = None,
-) -> RolloutInputs:
+def trajectory_inputs(trajectory: Any, num_context: int, num_frames: int, route_tokens: int = 0,
+                      source: str = "trajectory", base: Path | None = None, skip: int = 0,
+                      beside: GivenRoutes | None = None) -> RolloutInputs:
     """Actions and routes from a trajectory file (relative to ``base``), mapping or array, less its first ``skip``."""
     need = num_context + num_frames - 1  # one action per frame after the first
     file = isinstance(trajectory, (str, os.PathLike))
@@ -68,10 +67,8 @@ def trajectory_inputs(
     return replace(inputs, manoeuvre=motion) if isinstance(motion, Manoeuvre) else inputs
 
 
-def trajectory_actions(
-    trajectory: Any, num_context: int, num_frames: int, source: str = "trajectory",
-    base: Path | None = None, skip: int = 0, no_route: str = "it takes no route",
-) -> np.ndarray:
+def trajectory_actions(trajectory: Any, num_context: int, num_frames: int, source: str = "trajectory",
+                       base: Path | None = None, skip: int = 0, no_route: str = "it takes no route") -> np.ndarray:
     """The actions of :func:`trajectory_inputs`; routes in the trajectory are one line ending in ``no_route``."""
     given = trajectory_inputs(trajectory, num_context, num_frames, 0, source, base, skip)
     if given.unused_routes:

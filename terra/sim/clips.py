@@ -72,10 +72,9 @@ def place(trajectory: EgoTrajectory, pose: np.ndarray) -> EgoTrajectory:
     return EgoTrajectory(t=trajectory.t, x=x, y=y, yaw=yaw)
 
 
-def clip_from_trajectory(
-    scene: Scene, trajectory: EgoTrajectory, num_frames: int, height: int, width: int,
-    manoeuvre: str, start_s: float, speed_kmh: float, camera_offsets: np.ndarray | None = None,
-) -> Clip:
+def clip_from_trajectory(scene: Scene, trajectory: EgoTrajectory, num_frames: int, height: int, width: int,
+                         manoeuvre: str, start_s: float, speed_kmh: float,
+                         camera_offsets: np.ndarray | None = None) -> Clip:
     """Render a world-frame trajectory's first ``num_frames`` frames at 10 Hz with their ground truth and routes;
     ``camera_offsets`` ``[>= num_frames, 3]`` moves each frame's camera off its pose; poses, actions and routes stay the
     car's."""

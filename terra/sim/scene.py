@@ -122,9 +122,8 @@ class Scene:
         pose = np.asarray(pose, dtype=np.float64)
         return float(self.road_coords(pose[:1], pose[1:2])[0][0])
 
-    def road_coords(
-        self, x: np.ndarray, y: np.ndarray, segments: list[tuple[int, slice]] | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def road_coords(self, x: np.ndarray, y: np.ndarray,
+                    segments: list[tuple[int, slice]] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Road coordinates ``(s, d)`` of world points: arc length of the nearest centreline point, lateral offset;
         ``segments`` restricts the search to ``(segment index, slice)`` pairs; uncovered points and points past the ends
         get ``d = inf``."""
