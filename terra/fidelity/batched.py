@@ -10,13 +10,10 @@ import numpy as np
 import torch
 
 from terra.fidelity.bilinear import Taps
-from terra.fidelity.lanes import (
-    CENTRE_LINE_LEFT_M, EDGE_LINE_RIGHT_M, MIN_SPAN_M, ground_points, ground_rows, yellow_marking,
-)
-from terra.fidelity.odometry import (
-    HUBER, LUMA, MIN_OVERLAP, MIN_SKY_LUMINANCE, MIN_TEXTURE, PHOTOMETRIC_PRIOR, BirdsEye, Motion, ladder,
-    optical_depth, search_taps,
-)
+from terra.fidelity.lanes import (CENTRE_LINE_LEFT_M, EDGE_LINE_RIGHT_M, MIN_SPAN_M, ground_points, ground_rows,
+                                  yellow_marking)
+from terra.fidelity.odometry import (HUBER, LUMA, MIN_OVERLAP, MIN_SKY_LUMINANCE, MIN_TEXTURE, PHOTOMETRIC_PRIOR,
+                                     BirdsEye, Motion, ladder, optical_depth, search_taps)
 from terra.metrics import psnr_db
 from terra.sim.renderer import camera
 

@@ -16,13 +16,9 @@ import numpy as np
 
 from terra.config.checks import MAX_FRAMES, Range, check_keys, shown
 from terra.core.errors import TerraInputError
-from terra.config.files import (
-    MAX_TRAJECTORY_BYTES, check_context_paths, load_json, open_input_file, read_input_text,
-)
-from terra.contract.actions import (
-    ACTION_POINT_INDICES, ACTION_TIMES, FRAME_RATE_HZ, FUTURE_POINTS, NUM_ACTION_TOKENS, finite_array, in_reach,
-    number_from_text, validate_actions,
-)
+from terra.config.files import MAX_TRAJECTORY_BYTES, check_context_paths, load_json, open_input_file, read_input_text
+from terra.contract.actions import (ACTION_POINT_INDICES, ACTION_TIMES, FRAME_RATE_HZ, FUTURE_POINTS,
+                                    NUM_ACTION_TOKENS, finite_array, in_reach, number_from_text, validate_actions)
 from terra.inputs.routes import ROUTE_HINTS, ROUTE_KEYS
 from terra.inputs.trajectory import EgoTrajectory, MANOEUVRES, RATE_HZ, check_manoeuvre_params, manoeuvre_trajectory
 

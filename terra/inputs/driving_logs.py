@@ -14,9 +14,8 @@ from terra.core.errors import TerraInputError
 from terra.config.files import open_input_file, read_input_text
 from terra.core.media import IMAGE_SUFFIXES, VIDEO_SUFFIXES
 from terra.contract.actions import FRAME_RATE_HZ, validate_actions
-from terra.inputs.actions import (
-    TRAJECTORY_SUFFIXES, actions_from_trajectory, motion_of, read_trajectory_file, trajectory_file_errors,
-)
+from terra.inputs.actions import (TRAJECTORY_SUFFIXES, actions_from_trajectory, motion_of, read_trajectory_file,
+                                  trajectory_file_errors)
 from terra.inputs.routes import ROUTE_KEYS
 from terra.inputs.trajectory import MAX_TIME_S, EgoTrajectory
 from terra.tokenizer.resize import fit_frame

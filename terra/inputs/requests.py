@@ -15,9 +15,8 @@ from terra.contract.actions import FRAME_RATE_HZ, validate_actions
 from terra.contract.routes import NO_ROUTE_SLOTS, TOLD, validate_routes
 from terra.core.errors import TerraInputError
 from terra.generation.rollout import RolloutRequest
-from terra.inputs.actions import (
-    Manoeuvre, actions_for_manoeuvre, actions_of, motion_of, read_trajectory_file, trajectory_file_errors,
-)
+from terra.inputs.actions import (Manoeuvre, actions_for_manoeuvre, actions_of, motion_of, read_trajectory_file,
+                                  trajectory_file_errors)
 from terra.inputs.context import resolve_path
 from terra.inputs.routes import ROAD, GivenRoutes, given_routes, road_routes
 from terra.inputs.trajectory import EgoTrajectory
