@@ -140,8 +140,7 @@ def _search(grid: _Grid, earlier: torch.Tensor, later: torch.Tensor) -> tuple[to
     least = MIN_OVERLAP * template.shape[1]
     cost = torch.where(seen, values - template[:, None], 0.0) ** 2
     cost = torch.where(count >= least, cost.sum(2) / count.clamp(min=1), torch.inf)
-    candidates = _tensor(grid.search, earlier.device)
-    return candidates[torch.argmin(cost, 1)], count.max(1).values >= least
+    return _tensor(grid.search, earlier.device)[torch.argmin(cost, 1)], count.max(1).values >= least
 
 
 def _align(grid: _Grid, earlier: torch.Tensor, later: torch.Tensor, motion: torch.Tensor,
@@ -177,8 +176,7 @@ def _align(grid: _Grid, earlier: torch.Tensor, later: torch.Tensor, motion: torc
         observable = eigen[:, 0] > 1e-6 * eigen[:, -1].clamp(min=1e-12)
         ok, moving = ok & (observable | ~moving), moving & observable
         normal = normal + prior * scale[:, None, None] ** 2
-        eye = torch.eye(6, dtype=torch.float64, device=later.device)
-        normal = torch.where(moving[:, None, None], normal, eye)
+        normal = torch.where(moving[:, None, None], normal, torch.eye(6, dtype=torch.float64, device=later.device))
         rhs = torch.where(moving[:, None], torch.einsum("npi,np->ni", design, weight * error), 0.0)
         solution = torch.linalg.solve(normal, rhs)
         motion = torch.where(moving[:, None, None], motion @ torch.linalg.inv(_se2(solution[:, :3])), motion)

@@ -75,8 +75,7 @@ def following_slopes(drives: Sequence[Following], clusters: Sequence[Hashable],
             for name, k in COMPONENTS.items()}
     slope = {name: regression_slope(labels, commanded[:, k], recovered[:, k], True, bootstrap)
              for name, k in COMPONENTS.items()}
-    share = mean(labels, np.isfinite(recovered[:, 0]).astype(float), bootstrap)
-    return FollowingFit(gain, slope, share, len(labels))
+    return FollowingFit(gain, slope, mean(labels, np.isfinite(recovered[:, 0]).astype(float), bootstrap), len(labels))
 
 
 def relative_gain(scenarios: Sequence[Hashable], commanded: np.ndarray, recovered: np.ndarray,

@@ -78,8 +78,7 @@ def open_clip(folder: Path) -> Clip:
         raise TerraInputError(f"holds a video and {TIMESTAMPS_FILE}; a video's frames carry their own timestamps, "
                               f"remove {TIMESTAMPS_FILE}")
     candidates = [p for p in files if p.suffix.lower() in TRAJECTORY_SUFFIXES and p.name not in ROAD_FILES]
-    named = [p for p in candidates if p.stem.lower() == TRAJECTORY_STEM]
-    chosen = named or candidates
+    chosen = [p for p in candidates if p.stem.lower() == TRAJECTORY_STEM] or candidates
     if len(chosen) != 1:
         names = ", ".join(p.name for p in chosen[:4])
         raise TerraInputError(

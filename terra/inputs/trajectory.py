@@ -93,8 +93,7 @@ class EgoTrajectory:
                                   f"{MAX_FRAMES} a rollout may have; trim it")
         frame_t = self.t[0] + np.arange(num_frames) / fps
         future_t = frame_t[:, None] + np.arange(FUTURE_POINTS)[None, :] / FUTURE_RATE_HZ
-        ego = self.poses_at(frame_t)  # [T, 3]
-        local = to_ego(self.poses_at(future_t)[..., :2], ego[:, None])  # [T, 60, 2]
+        local = to_ego(self.poses_at(future_t)[..., :2], self.poses_at(frame_t)[:, None])  # [T, 60, 2]
         return np.concatenate([local, np.zeros_like(local[..., :1])], axis=-1).astype(np.float32)
 
 

@@ -252,8 +252,7 @@ class ClipDataset:
         if self.meta.get("version") != DATASET_VERSION:
             raise TerraInputError(f"{meta_path} has dataset version {self.meta.get('version')}, this code reads "
                                   f"{DATASET_VERSION}; regenerate the dataset")
-        counts = [s["num_clips"] for s in self.meta["shards"]]
-        self._shard_start = np.concatenate([[0], np.cumsum(counts)])
+        self._shard_start = np.concatenate([[0], np.cumsum([s["num_clips"] for s in self.meta["shards"]])])
         self._cached: tuple[int, dict[str, np.ndarray]] | None = None
 
     @property
