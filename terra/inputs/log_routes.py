@@ -26,9 +26,8 @@ class ClipRoutes:
 
     def at(self, ticks: np.ndarray, points: int) -> np.ndarray:
         """Routes ``[T, points, 3]`` of the poses at ``ticks`` (the trajectory's clock)."""
-        if self.road is None:
-            return driven_path_routes(self.trajectory, ticks, points)
-        return road_routes(self.road, self.trajectory, ticks, points, self.road.source)[0]
+        return (driven_path_routes(self.trajectory, ticks, points) if self.road is None
+                else road_routes(self.road, self.trajectory, ticks, points, self.road.source)[0])
 
 
 def clip_routes(clip: Clip, motion: EgoTrajectory | np.ndarray, source: str) -> ClipRoutes | None:
