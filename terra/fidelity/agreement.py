@@ -14,7 +14,7 @@ from terra.metrics import PSNR_CAP_DB, psnr, psnr_db, ssim
 
 LOOKAHEAD_M = 10.0  # where the lane's lateral position is read
 REPEATED = 0.1  # a frame that changed less than this share of the true frame's change repeats the one before
-MOVING_M = 0.3  # a step that moves the car at least this far (3 m/s) can repeat a frame
+MOVING_M = 0.3  # a step that moves the car at least this far (3 m/s) is judged: a frame repeated, a motion off
 HORIZONS = (1, 5, 10, 20)  # steps after the context at which frames are compared
 MAX_LAG = 15  # the temporal lag searched, in steps either way (1.5 s)
 

@@ -7,13 +7,12 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from terra.fidelity.agreement import LaneAgreement
+from terra.fidelity.agreement import MOVING_M, LaneAgreement
 from terra.fidelity.following import Following
 from terra.stats import Bootstrap, Clusters, Interval, few_clusters_factor
 
 DEPARTURE_LANE_M = 0.5  # the lane read 10 m ahead this far from the true frame's: the world's road is elsewhere
 DEPARTURE_MOTION = 0.5  # forward motion recovered off the commanded one by this share of it
-MOVING_M = 0.3  # a step moves the car at least this far (3 m/s) for its motion to be judged
 MOMENT_STEPS = 5  # departed frames in a row (0.5 s) that make a departure
 STEP_S = 0.1  # a step at 10 Hz
 QUANTILES = {"median": 0.5, "p10": 0.1}  # share of drives departed
