@@ -285,6 +285,3 @@ class VLLMBackend(WorldModelBackend):
         if core is not None:
             compat.shutdown_engine(core)
         self.engine = None
-
-
-__all__ = ["FrameStat", "VLLMBackend", "request_seed"]

@@ -11,7 +11,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from terra.config.backend import REQUEST_PATHS
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.vllm_backend import VLLMBackend
@@ -226,6 +225,3 @@ class StreamingVLLMBackend(VLLMBackend):
         for stream in list(self._streams):
             await self._abort(stream)
         compat.shutdown_engine(self.engine)
-
-
-__all__ = ["REQUEST_PATHS", "StreamingVLLMBackend"]

@@ -207,7 +207,3 @@ def _class_for(cls: type, config: LlamaActionConfig | None) -> type:
     if cls is LlamaActionForCausalLM and "LlamaActionV2ForCausalLM" in (getattr(config, "architectures", None) or []):
         return LlamaActionV2ForCausalLM
     return cls
-
-
-__all__ = ["LlamaActionForCausalLM", "LlamaActionV2ForCausalLM", "SpatioTemporalEmbedding", "build_route_slots",
-           "embed_slots"]

@@ -186,12 +186,3 @@ def check_jacobi_engine(vllm_config: Any) -> None:
 def num_cached_tokens(request_output: Any) -> int:
     """Prompt tokens served from the prefix cache for one finished request (0 when not reported)."""
     return int(getattr(request_output, "num_cached_tokens", None) or 0)
-
-
-__all__ = [
-    "ENGINE_EXIT_S", "JACOBI_WORKER", "PASSES_PER_STEP", "VLLM_VERSION", "allow_clean_exit", "check_jacobi_engine",
-    "embed_inputs_again", "engine_draft_tokens", "engine_passes_per_step", "has_streaming_input",
-    "jacobi_engine_kwargs", "jacobi_graph_kwargs", "jacobi_unavailable", "mm_hashes", "num_cached_tokens",
-    "prompt_token_ids", "reseed_streaming_updates", "shutdown_engine", "supported_engine_kwargs",
-    "use_spawn_workers",
-]

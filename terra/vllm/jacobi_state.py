@@ -155,6 +155,3 @@ class JacobiModelState(DefaultModelState):
         if self.vllm_config.speculative_config is not None:
             return None  # vLLM's own speculators and rejection sampler
         return JacobiSampler(sampler, self.layout, engine_draft_tokens(self.vllm_config)), None
-
-
-__all__ = ["JacobiModelState", "JacobiSampler", "embed_known_slots", "previous_frame_codes"]

@@ -309,6 +309,3 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
         if self.config.tie_word_embeddings:  # the head shares the token embedding
             weights = ((name, w) for name, w in weights if not name.startswith("lm_head."))
         return AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
-
-
-__all__ = ["TerraForCausalLM", "TerraLlamaModel", "ActionMultiModalProcessor", "find_slots"]
