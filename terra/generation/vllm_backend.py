@@ -123,8 +123,7 @@ class VLLMBackend(WorldModelBackend):
             options = {**graphs, **options}
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
-        compat.use_spawn_workers()
-        compat.allow_clean_exit()
+        compat.set_worker_environment()
         self._cached_tokens = compat.num_cached_tokens
         self._ids = itertools.count()
         self._pending: dict[str, _Request] = {}
