@@ -121,12 +121,10 @@ class HFBackend(WorldModelBackend):
     @torch.inference_mode()
     def _poll(self) -> list[FrameDone]:
         """One pass for every speculative frame; admit queued frames, then one decode step for every sequential one."""
-        return self._speculative.step() + self._sequential_step()
-
-    def _sequential_step(self) -> list[FrameDone]:
+        done = self._speculative.step()
         self._admit()
         if not self._rows:
-            return []
+            return done
         layout = self.layout
         tokens = torch.empty(len(self._rows), dtype=torch.long, device=self.device)
         by_config: dict[SamplingConfig, list[int]] = defaultdict(list)
@@ -137,7 +135,7 @@ class HFBackend(WorldModelBackend):
             tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, noise)
         for row, token in zip(self._rows, tokens):
             row.tokens.append(token)
-        done = [self._finish(i) for i, row in enumerate(self._rows) if len(row.tokens) == layout.image_tokens]
+        done += [self._finish(i) for i, row in enumerate(self._rows) if len(row.tokens) == layout.image_tokens]
         going = [i for i, row in enumerate(self._rows) if len(row.tokens) < layout.image_tokens]
         self._keep(going)
         if self._rows:  # feed the sampled token; a finished frame's last token waits for its action slots
@@ -234,13 +232,9 @@ class HFBackend(WorldModelBackend):
         """One batched cache from several (each with its rows' left padding), shorter ones padded on the left."""
         longest = max(kv[0][0].shape[2] for kv, _ in parts)
         pads = [p + longest - kv[0][0].shape[2] for kv, part_pads in parts for p in part_pads]
-        layers = []
-        for layer in range(len(parts[0][0])):
-            keys, values = zip(*[(torch.nn.functional.pad(kv[layer][0], (0, 0, longest - kv[0][0].shape[2], 0)),
-                                  torch.nn.functional.pad(kv[layer][1], (0, 0, longest - kv[0][0].shape[2], 0)))
-                                 for kv, _ in parts])
-            layers.append((torch.cat(keys), torch.cat(values)))
-        return layers, pads
+        padded = [[[torch.nn.functional.pad(tensor, (0, 0, longest - kv[0][0].shape[2], 0)) for tensor in pair]
+                   for pair in kv] for kv, _ in parts]
+        return [tuple(torch.cat(tensors) for tensors in zip(*layer)) for layer in zip(*padded)], pads
 
     def _model(self, ids: torch.Tensor, conditions: torch.Tensor | None, positions: torch.Tensor,
                cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:
