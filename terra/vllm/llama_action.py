@@ -74,15 +74,9 @@ class ActionDataParser(MultiModalDataParser):
         return {**super()._get_subparsers(), MODALITY: self._parse_actions}
 
     def _parse_actions(self, data: object) -> ActionItems | None:
-        if data is None:
+        if data is None or isinstance(data, (list, tuple)) and not data:
             return None
-        if isinstance(data, (list, tuple)):
-            data = [torch.as_tensor(np.asarray(d, dtype=np.float32)) for d in data]
-            if not data:
-                return None
-            tensor = torch.stack(data)
-        else:
-            tensor = torch.as_tensor(np.asarray(data, dtype=np.float32))
+        tensor = torch.as_tensor(np.asarray(data, dtype=np.float32))
         if tensor.ndim == 2:
             tensor = tensor[None]
         if tensor.ndim != 3 or tuple(tensor.shape[1:]) != self.item_shape:
