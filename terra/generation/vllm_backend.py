@@ -249,13 +249,11 @@ class VLLMBackend(WorldModelBackend):
             while len(request.tokens) >= request.emitted * span + image:
                 start = request.emitted * span
                 codes = np.asarray(request.tokens[start : start + image], dtype=np.int64)
+                first = not request.emitted
                 # speculative: the prompt's step is one pass, a decode step passes_per_step (one that shared its
                 # step with another request's prompt ran one: counted high there); sequential: one a token
-                passes = None
-                if self.draft_tokens:
-                    passes = 1 + (request.steps - 1) * self.passes_per_step if not request.emitted else \
-                        request.steps * self.passes_per_step
-                first = not request.emitted
+                passes = request.steps * self.passes_per_step - first * (self.passes_per_step - 1) \
+                    if self.draft_tokens else None
                 request.emitted, request.steps = request.emitted + 1, 0
                 request.state.add_frame(codes, passes=passes)
                 cached = self._cached_tokens(output) if first else 0
