@@ -190,8 +190,7 @@ class HFBackend(WorldModelBackend):
             return self._forward_new(ids, conditions, torch.from_numpy(prompts[0][2]).to(self.device), [])
         kv, _ = self._join([(s.cache.kv, [0]) for s in states])
         last = torch.tensor([[int(s.frames[-1][-1])] for s in states], device=self.device)
-        ids = torch.cat([last, torch.full((len(states), layout.slot_tokens), layout.slot_token_id,
-                                          device=self.device)], dim=1)
+        ids = torch.cat([last, last.new_full((len(states), layout.slot_tokens), layout.slot_token_id)], dim=1)
         conditions = torch.from_numpy(np.stack([s.conditions[s.next_frame - 1] for s in states])).to(self.device)
         start = kv[0][0].shape[2]
         return self._forward_new(ids, conditions, torch.arange(start, start + ids.shape[1], device=self.device), kv)
