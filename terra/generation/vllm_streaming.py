@@ -28,11 +28,12 @@ class _Stream:
     task: asyncio.Task | None = None  # runs generate() (loop thread only)
     codes: list[int] = field(default_factory=list)  # sampled codes not yet handed over (loop thread only)
     closing: bool = False  # its input has ended (loop thread only)
-    last_code: int = -1  # last code of the newest frame: it leads the next chunk (driver thread)
 
 
 class StreamingVLLMBackend(VLLMBackend):
     """:class:`VLLMBackend` (same arguments) on vLLM's asyncio engine with streaming-input requests."""
+
+    name = "vLLM streaming"
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -61,10 +62,6 @@ class StreamingVLLMBackend(VLLMBackend):
             self._stop_loop()
             raise
 
-    @property
-    def name(self) -> str:
-        return "vLLM streaming"
-
     # ------------------------------------------------------------------ driver thread
 
     def _request(self, state: RolloutState, sampling: SamplingConfig, frames: int) -> int:
@@ -85,7 +82,7 @@ class StreamingVLLMBackend(VLLMBackend):
             return 1
         self._open.move_to_end(stream.request_id)
         layout, frame = self.layout, state.next_frame
-        ids = [stream.last_code] + [layout.slot_token_id] * layout.slot_tokens
+        ids = [int(state.frames[-1][-1])] + [layout.slot_token_id] * layout.slot_tokens
         conditions = np.ascontiguousarray(state.conditions[frame - 1 : frame], dtype=np.float32)
         chunk = StreamingInput({"prompt_token_ids": ids, "multi_modal_data": {"actions": conditions}}, params)
         self._loop.call_soon_threadsafe(self._feed, stream, chunk)
@@ -115,8 +112,7 @@ class StreamingVLLMBackend(VLLMBackend):
                 self._end_stream(state, abort=True)
                 self._error = self._error or error
                 continue
-            state.cache.last_code = int(codes[-1])  # the stream is open: a window's last frame closes it later
-            state.add_frame(codes)
+            state.add_frame(codes)  # the stream stays open: a window's last frame closes it later
             if not window_start:  # all but this chunk's tokens were in the stream's KV
                 cached = prompt_tokens - 1 - self.layout.slot_tokens
             done.append(FrameDone(state, codes, prompt_tokens, cached, window_start))
