@@ -49,6 +49,8 @@ class _Row:
 class HFBackend(WorldModelBackend):
     """Generate with a :class:`LlamaActionForCausalLM` in PyTorch (reference semantics, any device)."""
 
+    name = "transformers"
+
     def __init__(
         self,
         model: LlamaActionForCausalLM | str | Path,
@@ -75,10 +77,6 @@ class HFBackend(WorldModelBackend):
         self._speculative = SpeculativeRows(self.model, self.device)  # frames of sampling.decoding=speculative
         self.decoding = decoding
         self.draft_tokens = draft_tokens
-
-    @property
-    def name(self) -> str:
-        return "transformers"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
         """``sampling`` with ``auto`` ``decoding``, ``draft_tokens`` and ``guesses`` made the run's choices."""

@@ -72,6 +72,8 @@ def cpu_whole_prompts(window_positions: int) -> dict[str, Any]:
 class VLLMBackend(WorldModelBackend):
     """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm.plugin` makes vLLM know it)."""
 
+    name = "vLLM"
+
     def __init__(
         self,
         model_path: str,
@@ -111,8 +113,7 @@ class VLLMBackend(WorldModelBackend):
         self.seed = seed
         self.max_num_seqs = max_num_seqs
         self.frame_stats: list[FrameStat] = []
-        options = compat.supported_engine_kwargs(generation_config="vllm")
-        options.update(engine_kwargs)
+        options = {**compat.supported_engine_kwargs(generation_config="vllm"), **engine_kwargs}
         if gpu_memory_utilization is None:
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
         if current_platform.is_cpu():
@@ -160,10 +161,6 @@ class VLLMBackend(WorldModelBackend):
 
         args = EngineArgs(**{"disable_log_stats": True, **engine_args})
         self.engine = LLMEngine.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
-
-    @property
-    def name(self) -> str:
-        return "vLLM"
 
     @property
     def decoding(self) -> str:
@@ -220,9 +217,8 @@ class VLLMBackend(WorldModelBackend):
         blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
         if not blocks or not block_size:
             return None
-        tokens = window_frames * self.layout.frame_span
         seqs = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None) or int(blocks)
-        return kv_capacity(int(blocks), int(block_size), tokens, int(seqs))
+        return kv_capacity(int(blocks), int(block_size), window_frames * self.layout.frame_span, int(seqs))
 
     def _request(self, state: RolloutState, sampling: SamplingConfig, frames: int) -> int:
         frames = min(frames, state.window.end - state.next_frame) if self.position_keyed else 1
@@ -272,8 +268,8 @@ class VLLMBackend(WorldModelBackend):
             del self._pending[request_id]
 
     def record(self, done: FrameDone, rollout: int) -> None:
-        frame = done.state.next_frame - 1 - done.state.num_context
-        self.frame_stats.append(FrameStat(rollout, frame, done.prompt_tokens, done.cached_tokens, done.window_start))
+        self.frame_stats.append(FrameStat(rollout, done.state.num_generated - 1, done.prompt_tokens, done.cached_tokens,
+                                          done.window_start))
 
     def close(self) -> None:
         from terra.vllm import compat
