@@ -8,7 +8,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -208,8 +208,7 @@ class SessionEngine:
                 result: Any = Rollout(self.backend.fork(rollout.state))
             elif job.kind == "reset":
                 self.backend.release(rollout.state)
-                request = replace(rollout.request, seed=rollout.state.seed)
-                rollout.state = RolloutState(request, rollout.state.layout, rollout.state.seed)
+                rollout.state = RolloutState(rollout.request, rollout.state.layout, rollout.state.seed)
                 result = None
             else:
                 self.backend.release(rollout.state)
