@@ -195,9 +195,8 @@ class StreamingVLLMBackend(VLLMBackend):
             async for output in self.engine.generate(self._inputs(stream), params, stream.request_id):
                 stream.codes.extend(output.outputs[0].token_ids)
                 if len(stream.codes) >= frame:
-                    codes, stream.codes = stream.codes[:frame], stream.codes[frame:]
-                    item = (stream.request_id, np.asarray(codes, dtype=np.int64), self._cached_tokens(output), None)
-                    self._done.put(item)
+                    codes, stream.codes = np.asarray(stream.codes[:frame], dtype=np.int64), stream.codes[frame:]
+                    self._done.put((stream.request_id, codes, self._cached_tokens(output), None))
             if not stream.closing:  # vLLM ended the request: a frame it owed fails rather than waits forever
                 self._done.put((stream.request_id, None, 0, RuntimeError(f"vLLM ended {stream.request_id} early")))
         except asyncio.CancelledError:
