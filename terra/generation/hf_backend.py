@@ -204,9 +204,7 @@ class HFBackend(WorldModelBackend):
         length = self._cache.get_seq_length()
         pad = torch.tensor(self._pads, device=self.device)
         positions = (length - pad)[:, None]  # each row's own position: its unpadded cache length
-        mask = None
-        if any(self._pads):
-            mask = (torch.arange(length + 1, device=self.device)[None] >= pad[:, None]).long()
+        mask = (torch.arange(length + 1, device=self.device)[None] >= pad[:, None]).long() if any(self._pads) else None
         return self._model(ids, None, positions, self._cache, mask)
 
     def _keep(self, rows: list[int]) -> None:
