@@ -207,8 +207,7 @@ class TerraLlamaModel(LlamaModel):
         if get_pp_group().is_first_rank:
             if inputs_embeds is None:
                 inputs_embeds = self.embed_input_ids(input_ids)
-            position_embeds = self.pos_embedding_spatio_temporal(positions)
-            inputs_embeds = inputs_embeds + position_embeds.to(inputs_embeds.dtype)
+            inputs_embeds = inputs_embeds + self.pos_embedding_spatio_temporal(positions).to(inputs_embeds.dtype)
         return super().forward(None, positions, intermediate_tensors, inputs_embeds, **extra_layer_kwargs)
 
 
