@@ -49,6 +49,8 @@ class _Row:
 class HFBackend(WorldModelBackend):
     """Generate with a :class:`LlamaActionForCausalLM` in PyTorch (reference semantics, any device)."""
 
+    name = "transformers"
+
     def __init__(
         self,
         model: LlamaActionForCausalLM | str | Path,
@@ -75,10 +77,6 @@ class HFBackend(WorldModelBackend):
         self._speculative = SpeculativeRows(self.model, self.device)  # frames of sampling.decoding=speculative
         self.decoding = decoding
         self.draft_tokens = draft_tokens
-
-    @property
-    def name(self) -> str:
-        return "transformers"
 
     def as_run(self, sampling: SamplingConfig) -> SamplingConfig:
         """``sampling`` with ``auto`` ``decoding``, ``draft_tokens`` and ``guesses`` made the run's choices."""
@@ -121,12 +119,10 @@ class HFBackend(WorldModelBackend):
     @torch.inference_mode()
     def _poll(self) -> list[FrameDone]:
         """One pass for every speculative frame; admit queued frames, then one decode step for every sequential one."""
-        return self._speculative.step() + self._sequential_step()
-
-    def _sequential_step(self) -> list[FrameDone]:
+        done = self._speculative.step()
         self._admit()
         if not self._rows:
-            return []
+            return done
         layout = self.layout
         tokens = torch.empty(len(self._rows), dtype=torch.long, device=self.device)
         by_config: dict[SamplingConfig, list[int]] = defaultdict(list)
@@ -137,7 +133,7 @@ class HFBackend(WorldModelBackend):
             tokens[rows] = sample_image_tokens(self._logits[rows], layout.codebook_size, config, noise)
         for row, token in zip(self._rows, tokens):
             row.tokens.append(token)
-        done = [self._finish(i) for i, row in enumerate(self._rows) if len(row.tokens) == layout.image_tokens]
+        done += [self._finish(i) for i, row in enumerate(self._rows) if len(row.tokens) == layout.image_tokens]
         going = [i for i, row in enumerate(self._rows) if len(row.tokens) < layout.image_tokens]
         self._keep(going)
         if self._rows:  # feed the sampled token; a finished frame's last token waits for its action slots
@@ -192,8 +188,7 @@ class HFBackend(WorldModelBackend):
             return self._forward_new(ids, conditions, torch.from_numpy(prompts[0][2]).to(self.device), [])
         kv, _ = self._join([(s.cache.kv, [0]) for s in states])
         last = torch.tensor([[int(s.frames[-1][-1])] for s in states], device=self.device)
-        ids = torch.cat([last, torch.full((len(states), layout.slot_tokens), layout.slot_token_id,
-                                          device=self.device)], dim=1)
+        ids = torch.cat([last, last.new_full((len(states), layout.slot_tokens), layout.slot_token_id)], dim=1)
         conditions = torch.from_numpy(np.stack([s.conditions[s.next_frame - 1] for s in states])).to(self.device)
         start = kv[0][0].shape[2]
         return self._forward_new(ids, conditions, torch.arange(start, start + ids.shape[1], device=self.device), kv)
@@ -209,9 +204,7 @@ class HFBackend(WorldModelBackend):
         length = self._cache.get_seq_length()
         pad = torch.tensor(self._pads, device=self.device)
         positions = (length - pad)[:, None]  # each row's own position: its unpadded cache length
-        mask = None
-        if any(self._pads):
-            mask = (torch.arange(length + 1, device=self.device)[None] >= pad[:, None]).long()
+        mask = (torch.arange(length + 1, device=self.device)[None] >= pad[:, None]).long() if any(self._pads) else None
         return self._model(ids, None, positions, self._cache, mask)
 
     def _keep(self, rows: list[int]) -> None:
@@ -234,13 +227,9 @@ class HFBackend(WorldModelBackend):
         """One batched cache from several (each with its rows' left padding), shorter ones padded on the left."""
         longest = max(kv[0][0].shape[2] for kv, _ in parts)
         pads = [p + longest - kv[0][0].shape[2] for kv, part_pads in parts for p in part_pads]
-        layers = []
-        for layer in range(len(parts[0][0])):
-            keys, values = zip(*[(torch.nn.functional.pad(kv[layer][0], (0, 0, longest - kv[0][0].shape[2], 0)),
-                                  torch.nn.functional.pad(kv[layer][1], (0, 0, longest - kv[0][0].shape[2], 0)))
-                                 for kv, _ in parts])
-            layers.append((torch.cat(keys), torch.cat(values)))
-        return layers, pads
+        padded = [[[torch.nn.functional.pad(tensor, (0, 0, longest - kv[0][0].shape[2], 0)) for tensor in pair]
+                   for pair in kv] for kv, _ in parts]
+        return [tuple(torch.cat(tensors) for tensors in zip(*layer)) for layer in zip(*padded)], pads
 
     def _model(self, ids: torch.Tensor, conditions: torch.Tensor | None, positions: torch.Tensor,
                cache: DynamicCache, mask: torch.Tensor | None) -> torch.Tensor:

@@ -8,7 +8,7 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -177,13 +177,13 @@ class SessionEngine:
         rollout = job.rollout
         if rollout.busy or rollout.waiting:
             rollout.waiting.append(job)  # still counted as waiting
-            return
-        with self._lock:
-            self._waiting -= 1
-        self._execute(job)
+        else:
+            self._execute(job)
 
     def _execute(self, job: _Job) -> None:
         """Run a job of an idle rollout; a step goes to the backend, the others complete at once."""
+        with self._lock:
+            self._waiting -= 1
         if not job.future.set_running_or_notify_cancel():
             return
         rollout = job.rollout
@@ -208,8 +208,7 @@ class SessionEngine:
                 result: Any = Rollout(self.backend.fork(rollout.state))
             elif job.kind == "reset":
                 self.backend.release(rollout.state)
-                request = replace(rollout.request, seed=rollout.state.seed)
-                rollout.state = RolloutState(request, rollout.state.layout, rollout.state.seed)
+                rollout.state = RolloutState(rollout.request, rollout.state.layout, rollout.state.seed)
                 result = None
             else:
                 self.backend.release(rollout.state)
@@ -245,8 +244,6 @@ class SessionEngine:
     def _drain(self, rollout: Rollout) -> None:
         """Run the rollout's waiting jobs until one is a step in the backend."""
         while rollout.waiting and not rollout.busy:
-            with self._lock:
-                self._waiting -= 1
             self._execute(rollout.waiting.popleft())
 
     def _fail_in_flight(self, err: Exception) -> None:

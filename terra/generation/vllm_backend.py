@@ -72,6 +72,8 @@ def cpu_whole_prompts(window_positions: int) -> dict[str, Any]:
 class VLLMBackend(WorldModelBackend):
     """Terra's world model on a vLLM engine (the plugin in :mod:`terra.vllm.plugin` makes vLLM know it)."""
 
+    name = "vLLM"
+
     def __init__(
         self,
         model_path: str,
@@ -111,8 +113,7 @@ class VLLMBackend(WorldModelBackend):
         self.seed = seed
         self.max_num_seqs = max_num_seqs
         self.frame_stats: list[FrameStat] = []
-        options = compat.supported_engine_kwargs(generation_config="vllm")
-        options.update(engine_kwargs)
+        options = {**compat.supported_engine_kwargs(generation_config="vllm"), **engine_kwargs}
         if gpu_memory_utilization is None:
             gpu_memory_utilization = 0.1 if current_platform.is_cpu() else 0.9
         if current_platform.is_cpu():
@@ -123,8 +124,7 @@ class VLLMBackend(WorldModelBackend):
             options = {**graphs, **options}
         if getattr(config, "zero_embed_code_0", False):  # the engine reads config.json itself
             options["hf_overrides"] = {**options.get("hf_overrides", {}), "zero_embed_code_0": True}
-        compat.use_spawn_workers()
-        compat.allow_clean_exit()
+        compat.set_worker_environment()
         self._cached_tokens = compat.num_cached_tokens
         self._ids = itertools.count()
         self._pending: dict[str, _Request] = {}
@@ -161,10 +161,6 @@ class VLLMBackend(WorldModelBackend):
 
         args = EngineArgs(**{"disable_log_stats": True, **engine_args})
         self.engine = LLMEngine.from_engine_args(args, usage_context=UsageContext.LLM_CLASS)
-
-    @property
-    def name(self) -> str:
-        return "vLLM"
 
     @property
     def decoding(self) -> str:
@@ -221,9 +217,8 @@ class VLLMBackend(WorldModelBackend):
         blocks, block_size = getattr(cache, "num_gpu_blocks", None), getattr(cache, "block_size", None)
         if not blocks or not block_size:
             return None
-        tokens = window_frames * self.layout.frame_span
         seqs = getattr(getattr(config, "scheduler_config", None), "max_num_seqs", None) or int(blocks)
-        return kv_capacity(int(blocks), int(block_size), tokens, int(seqs))
+        return kv_capacity(int(blocks), int(block_size), window_frames * self.layout.frame_span, int(seqs))
 
     def _request(self, state: RolloutState, sampling: SamplingConfig, frames: int) -> int:
         frames = min(frames, state.window.end - state.next_frame) if self.position_keyed else 1
@@ -250,13 +245,11 @@ class VLLMBackend(WorldModelBackend):
             while len(request.tokens) >= request.emitted * span + image:
                 start = request.emitted * span
                 codes = np.asarray(request.tokens[start : start + image], dtype=np.int64)
+                first = not request.emitted
                 # speculative: the prompt's step is one pass, a decode step passes_per_step (one that shared its
                 # step with another request's prompt ran one: counted high there); sequential: one a token
-                passes = None
-                if self.draft_tokens:
-                    passes = 1 + (request.steps - 1) * self.passes_per_step if not request.emitted else \
-                        request.steps * self.passes_per_step
-                first = not request.emitted
+                passes = request.steps * self.passes_per_step - first * (self.passes_per_step - 1) \
+                    if self.draft_tokens else None
                 request.emitted, request.steps = request.emitted + 1, 0
                 request.state.add_frame(codes, passes=passes)
                 cached = self._cached_tokens(output) if first else 0
@@ -275,8 +268,8 @@ class VLLMBackend(WorldModelBackend):
             del self._pending[request_id]
 
     def record(self, done: FrameDone, rollout: int) -> None:
-        frame = done.state.next_frame - 1 - done.state.num_context
-        self.frame_stats.append(FrameStat(rollout, frame, done.prompt_tokens, done.cached_tokens, done.window_start))
+        self.frame_stats.append(FrameStat(rollout, done.state.num_generated - 1, done.prompt_tokens, done.cached_tokens,
+                                          done.window_start))
 
     def close(self) -> None:
         from terra.vllm import compat
@@ -285,6 +278,3 @@ class VLLMBackend(WorldModelBackend):
         if core is not None:
             compat.shutdown_engine(core)
         self.engine = None
-
-
-__all__ = ["FrameStat", "VLLMBackend", "request_seed"]

@@ -6,12 +6,12 @@ import asyncio
 import queue
 import threading
 from collections import OrderedDict
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
 
-from terra.config.backend import REQUEST_PATHS
 from terra.config.sampling import SamplingConfig
 from terra.generation.rollout import FrameDone, RolloutState
 from terra.generation.vllm_backend import VLLMBackend
@@ -29,11 +29,12 @@ class _Stream:
     task: asyncio.Task | None = None  # runs generate() (loop thread only)
     codes: list[int] = field(default_factory=list)  # sampled codes not yet handed over (loop thread only)
     closing: bool = False  # its input has ended (loop thread only)
-    last_code: int = -1  # last code of the newest frame: it leads the next chunk (driver thread)
 
 
 class StreamingVLLMBackend(VLLMBackend):
     """:class:`VLLMBackend` (same arguments) on vLLM's asyncio engine with streaming-input requests."""
+
+    name = "vLLM streaming"
 
     def _start_engine(self, engine_args: dict[str, Any]) -> None:
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -62,10 +63,6 @@ class StreamingVLLMBackend(VLLMBackend):
             self._stop_loop()
             raise
 
-    @property
-    def name(self) -> str:
-        return "vLLM streaming"
-
     # ------------------------------------------------------------------ driver thread
 
     def _request(self, state: RolloutState, sampling: SamplingConfig, frames: int) -> int:
@@ -86,7 +83,7 @@ class StreamingVLLMBackend(VLLMBackend):
             return 1
         self._open.move_to_end(stream.request_id)
         layout, frame = self.layout, state.next_frame
-        ids = [stream.last_code] + [layout.slot_token_id] * layout.slot_tokens
+        ids = [int(state.frames[-1][-1])] + [layout.slot_token_id] * layout.slot_tokens
         conditions = np.ascontiguousarray(state.conditions[frame - 1 : frame], dtype=np.float32)
         chunk = StreamingInput({"prompt_token_ids": ids, "multi_modal_data": {"actions": conditions}}, params)
         self._loop.call_soon_threadsafe(self._feed, stream, chunk)
@@ -95,17 +92,12 @@ class StreamingVLLMBackend(VLLMBackend):
 
     def _poll(self) -> list[FrameDone]:
         """The frames finished so far; waits for one up to :data:`POLL_WAIT_S` when frames are queued."""
-        if self._error is not None:
-            error, self._error = self._error, None
-            raise error
-        if not self._pending:
-            return []
-        try:
-            items = [self._done.get(timeout=POLL_WAIT_S)]
-        except queue.Empty:
-            return []
-        while not self._done.empty():  # this thread is its only reader
-            items.append(self._done.get_nowait())
+        items = []  # none while an error is left to raise
+        if self._error is None and self._pending:
+            with suppress(queue.Empty):
+                items.append(self._done.get(timeout=POLL_WAIT_S))
+            while items and not self._done.empty():  # this thread is its only reader
+                items.append(self._done.get_nowait())
         done = []
         for request_id, codes, cached, error in items:
             entry = self._pending.pop(request_id, None)
@@ -116,8 +108,7 @@ class StreamingVLLMBackend(VLLMBackend):
                 self._end_stream(state, abort=True)
                 self._error = self._error or error
                 continue
-            state.cache.last_code = int(codes[-1])  # the stream is open: a window's last frame closes it later
-            state.add_frame(codes)
+            state.add_frame(codes)  # the stream stays open: a window's last frame closes it later
             if not window_start:  # all but this chunk's tokens were in the stream's KV
                 cached = prompt_tokens - 1 - self.layout.slot_tokens
             done.append(FrameDone(state, codes, prompt_tokens, cached, window_start))
@@ -200,9 +191,8 @@ class StreamingVLLMBackend(VLLMBackend):
             async for output in self.engine.generate(self._inputs(stream), params, stream.request_id):
                 stream.codes.extend(output.outputs[0].token_ids)
                 if len(stream.codes) >= frame:
-                    codes, stream.codes = stream.codes[:frame], stream.codes[frame:]
-                    item = (stream.request_id, np.asarray(codes, dtype=np.int64), self._cached_tokens(output), None)
-                    self._done.put(item)
+                    codes, stream.codes = np.asarray(stream.codes[:frame], dtype=np.int64), stream.codes[frame:]
+                    self._done.put((stream.request_id, codes, self._cached_tokens(output), None))
             if not stream.closing:  # vLLM ended the request: a frame it owed fails rather than waits forever
                 self._done.put((stream.request_id, None, 0, RuntimeError(f"vLLM ended {stream.request_id} early")))
         except asyncio.CancelledError:
@@ -226,6 +216,3 @@ class StreamingVLLMBackend(VLLMBackend):
         for stream in list(self._streams):
             await self._abort(stream)
         compat.shutdown_engine(self.engine)
-
-
-__all__ = ["REQUEST_PATHS", "StreamingVLLMBackend"]

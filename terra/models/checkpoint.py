@@ -91,18 +91,10 @@ def check_world_model_weights(folder: str | Path, config: LlamaActionConfig) -> 
         key = integer[0]
         raise TerraInputError(f"world model weights {found[key][2]}: tensor {key} is {found[key][1]}, not floating "
                               f"point ({len(integer)} such tensors); the file is not a world model's weights")
-    _check_values(expected, found)
-
-
-def _check_values(expected: dict[str, tuple[int, ...]], found: dict[str, tuple[tuple[int, ...], str, Path]]) -> None:
-    """Every weight finite, one tensor in memory at a time (a NaN weight makes every rollout garbage)."""
-    by_file: dict[Path, list[str]] = {}
-    for key in expected:
-        by_file.setdefault(found[key][2], []).append(key)
-    for file, keys in by_file.items():
+    for file in files:  # every weight finite, one tensor in memory at a time (a NaN weight makes every rollout garbage)
         try:
             with safe_open(str(file), framework="pt") as weights:
-                for key in keys:
+                for key in (key for key in expected if found[key][2] == file):
                     check_floats(weights.get_tensor(key), f"world model weights {file}: tensor {key}",
                                  "the checkpoint is damaged or its training diverged: use another checkpoint")
         except TerraInputError:

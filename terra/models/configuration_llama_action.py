@@ -99,6 +99,3 @@ class LlamaActionConfig(LlamaConfig):
                 f"max_position_embeddings ({self.max_position_embeddings}) is smaller than a window "
                 f"({self.num_temporal_embeddings} frames x {self.num_spatio_embeddings} positions)"
             )
-
-
-__all__ = ["LlamaActionConfig"]

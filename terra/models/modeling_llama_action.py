@@ -118,16 +118,12 @@ class LlamaActionForCausalLM(LlamaForCausalLM):
         values = actions.reshape(actions.shape[0], frames, cfg.num_action_tokens, cfg.action_dim)
         if cfg.num_route_tokens:
             if routes is None:
-                routes = torch.full((actions.shape[0], frames * cfg.num_route_tokens, cfg.action_dim), float("nan"),
-                                    dtype=actions.dtype, device=actions.device)
+                routes = actions.new_full((*values.shape[:2], cfg.num_route_tokens, cfg.action_dim), float("nan"))
             routes = routes.reshape(actions.shape[0], frames, cfg.num_route_tokens, cfg.action_dim)
             values = torch.cat([values, routes.to(values.dtype)], dim=2)
         elif routes is not None:
             raise ValueError("this model has no route slots (num_route_tokens 0); pass routes=None")
-        slots = torch.full(
-            (image_ids.shape[0], frames, values.shape[2]), cfg.action_token_id,
-            dtype=image_ids.dtype, device=image_ids.device,
-        )
+        slots = image_ids.new_full((image_ids.shape[0], frames, values.shape[2]), cfg.action_token_id)
         images = rearrange(image_ids, "b (t p) -> b t p", t=frames)
         return (rearrange(torch.cat([images, slots], dim=2), "b t s -> b (t s)"),
                 rearrange(values, "b t s d -> b (t s) d"))
@@ -207,7 +203,3 @@ def _class_for(cls: type, config: LlamaActionConfig | None) -> type:
     if cls is LlamaActionForCausalLM and "LlamaActionV2ForCausalLM" in (getattr(config, "architectures", None) or []):
         return LlamaActionV2ForCausalLM
     return cls
-
-
-__all__ = ["LlamaActionForCausalLM", "LlamaActionV2ForCausalLM", "SpatioTemporalEmbedding", "build_route_slots",
-           "embed_slots"]

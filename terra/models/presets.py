@@ -64,6 +64,3 @@ def with_window(preset: dict[str, Any], frames: int) -> dict[str, Any]:
     """``preset`` with windows of ``frames`` frames (temporal embeddings and position table sized to match)."""
     return {**preset, "num_temporal_embeddings": frames,
             "max_position_embeddings": frames * preset["num_spatio_embeddings"]}
-
-
-__all__ = ["SMALL", "TERRA", "TINY", "TINY_TOKENIZER", "with_window"]

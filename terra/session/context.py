@@ -100,8 +100,7 @@ def builtin(pipeline, num_context: int, manoeuvre: str = "straight", scene: int 
     params = {"speed_kmh": speed}
     images, actions = builtin_context(manoeuvre, num_context, pipeline.image_size, scene, params)
     world, poses = builtin_road(manoeuvre, num_context, scene, params)
-    codes = pipeline.encode(images)
-    return SessionContext(codes, actions[: num_context - 1], speed_of(actions[-1]),
+    return SessionContext(pipeline.encode(images), actions[: num_context - 1], speed_of(actions[-1]),
                           f"built-in {manoeuvre}, scene {scene}", world, poses)
 
 

@@ -95,8 +95,7 @@ class Session:
     def frame(self, result: StepResult, decode: bool = True) -> Frame:
         """The :class:`Frame` of a finished step (decoding it here, on the calling thread)."""
         start = time.perf_counter()
-        grid = self.context.codes.shape[1:]
-        codes = result.codes.reshape(grid)
+        codes = result.codes.reshape(self.context.codes.shape[1:])
         rgb = self.host.decode(codes[None])[0] if decode else None
         timings = {"queue_s": result.queue_s, "generate_s": result.generate_s,
                    "decode_s": time.perf_counter() - start if decode else 0.0}
@@ -106,8 +105,7 @@ class Session:
                      told)
 
     def pose_at(self, index: int) -> Pose:
-        poses = self.poses
-        return poses[index] if 0 <= index < len(poses) else (0.0, 0.0, 0.0)
+        return self.poses[index] if 0 <= index < len(self.poses) else (0.0, 0.0, 0.0)
 
     def fork(self) -> "Session":
         """A new session continuing from this one's latest frame (after its queued steps); the past is shared."""

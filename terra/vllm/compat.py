@@ -5,10 +5,13 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 from typing import Any
 
 import vllm
 from vllm.engine.arg_utils import EngineArgs
+
+from terra.core.errors import TerraInputError
 
 VLLM_VERSION: str = vllm.__version__
 
@@ -36,18 +39,13 @@ def supported_engine_kwargs(**optional: Any) -> dict[str, Any]:
     return {k: v for k, v in optional.items() if k in known}
 
 
-def use_spawn_workers() -> None:
-    """Make vLLM spawn (not fork) its engine processes unless the user chose otherwise."""
-    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-
-
 ENGINE_EXIT_S = 60.0  # how long vLLM's engine processes may take to exit on shutdown before vLLM kills them
 
 
-def allow_clean_exit() -> None:
-    """Give the engine's worker processes time to exit on their own at shutdown."""
-    import os
-
+def set_worker_environment() -> None:
+    """Make vLLM spawn (not fork) its engine processes and give them time to exit on their own at shutdown, unless
+    the user chose otherwise."""
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     os.environ.setdefault("VLLM_WORKER_SHUTDOWN_TIMEOUT_SECONDS", str(int(ENGINE_EXIT_S / 2)))
 
 
@@ -71,8 +69,6 @@ def has_streaming_input() -> bool:
 
 def request_path(requests: str) -> str:
     """The request path ``backend.options.requests`` stands for on this release."""
-    from terra.core.errors import TerraInputError
-
     if requests == "per_frame":
         return requests
     if has_streaming_input():
@@ -85,8 +81,6 @@ def request_path(requests: str) -> str:
 
 def reseed_streaming_updates() -> None:
     """Make the V1 model runner reseed a streaming request's sampler from each input chunk's parameters."""
-    import sys
-
     runner = sys.modules.get("vllm.v1.worker.gpu_model_runner")
     cls = getattr(runner, "GPUModelRunner", None)
     update = getattr(cls, "_update_streaming_request", None)
@@ -128,8 +122,6 @@ JACOBI_WORKER = "terra.vllm.jacobi_runner.JacobiWorker"
 def jacobi_engine_kwargs(draft_tokens: int, passes_per_step: int = 1) -> dict[str, Any]:
     """Engine arguments for ``draft_tokens`` (>= 1) draft slots a request and ``passes_per_step`` verifying passes a
         step."""
-    from terra.core.errors import TerraInputError
-
     why = jacobi_unavailable()
     if why:
         raise TerraInputError(f"sampling.decoding=speculative: {why}; use sampling.decoding=sequential, or "
@@ -173,8 +165,6 @@ def jacobi_graph_kwargs(draft_tokens: int, streams: int, passes_per_step: int = 
 
 def check_jacobi_engine(vllm_config: Any) -> None:
     """Fail with one line when a started engine will not run the draft slots through the Jacobi model state."""
-    from terra.core.errors import TerraInputError
-
     if not vllm_config.use_v2_model_runner:
         raise TerraInputError("speculative decoding needs vLLM's Model Runner V2, and this engine chose the V1 "
                               "runner (see vLLM's log for why); use sampling.decoding=sequential")
@@ -186,12 +176,3 @@ def check_jacobi_engine(vllm_config: Any) -> None:
 def num_cached_tokens(request_output: Any) -> int:
     """Prompt tokens served from the prefix cache for one finished request (0 when not reported)."""
     return int(getattr(request_output, "num_cached_tokens", None) or 0)
-
-
-__all__ = [
-    "ENGINE_EXIT_S", "JACOBI_WORKER", "PASSES_PER_STEP", "VLLM_VERSION", "allow_clean_exit", "check_jacobi_engine",
-    "embed_inputs_again", "engine_draft_tokens", "engine_passes_per_step", "has_streaming_input",
-    "jacobi_engine_kwargs", "jacobi_graph_kwargs", "jacobi_unavailable", "mm_hashes", "num_cached_tokens",
-    "prompt_token_ids", "reseed_streaming_updates", "shutdown_engine", "supported_engine_kwargs",
-    "use_spawn_workers",
-]

@@ -71,6 +71,3 @@ class JacobiWorker(Worker):
         super().init_device()
         if self.use_v2_model_runner and not isinstance(self.model_runner, JacobiModelRunner):  # 0.26 builds inline
             self.model_runner = JacobiModelRunner(self.vllm_config, self.device)
-
-
-__all__ = ["JacobiModelRunner", "JacobiWorker", "ReplayedGraphs"]

@@ -34,7 +34,6 @@ class JacobiSampler:
     def __init__(self, sampler: Any, layout: TokenLayout, draft_tokens: int) -> None:
         self.base = sampler
         self.layout = layout
-        self.frame_span = layout.frame_span
         self.draft_tokens = draft_tokens
 
     def __getattr__(self, name: str) -> Any:
@@ -45,7 +44,7 @@ class JacobiSampler:
         drawn = self.base(logits, input_batch)
         at = input_batch.positions[input_batch.logits_indices].to(torch.int64) + 1
         flat = drawn.sampled_token_ids.reshape(-1)
-        slot = at % self.frame_span >= self.layout.image_tokens
+        slot = at % self.layout.frame_span >= self.layout.image_tokens
         return drawn, torch.where(slot, torch.full_like(flat, self.layout.slot_token_id), flat)
 
     def iterate_block(self, logits: torch.Tensor, input_batch: Any) -> None:
@@ -87,7 +86,7 @@ class JacobiSampler:
         # Next step's guesses are for the positions after the last emitted token (first_position + accepted + 1).
         step = torch.arange(1, self.draft_tokens + 1, device=flat.device)[None, :]
         positions = (first_position + accepted.to(torch.int64) + 1)[:, None] + step
-        later = previous_frame_codes(req_states.all_token_ids.gpu, slots, positions, self.frame_span,
+        later = previous_frame_codes(req_states.all_token_ids.gpu, slots, positions, self.layout.frame_span,
                                      first_position + 1)
         req_states.draft_tokens[slots] = next_guesses(samples, accepted, num_guesses, later).to(
             req_states.draft_tokens.dtype)
@@ -155,6 +154,3 @@ class JacobiModelState(DefaultModelState):
         if self.vllm_config.speculative_config is not None:
             return None  # vLLM's own speculators and rejection sampler
         return JacobiSampler(sampler, self.layout, engine_draft_tokens(self.vllm_config)), None
-
-
-__all__ = ["JacobiModelState", "JacobiSampler", "embed_known_slots", "previous_frame_codes"]

@@ -74,15 +74,9 @@ class ActionDataParser(MultiModalDataParser):
         return {**super()._get_subparsers(), MODALITY: self._parse_actions}
 
     def _parse_actions(self, data: object) -> ActionItems | None:
-        if data is None:
+        if data is None or isinstance(data, (list, tuple)) and not data:
             return None
-        if isinstance(data, (list, tuple)):
-            data = [torch.as_tensor(np.asarray(d, dtype=np.float32)) for d in data]
-            if not data:
-                return None
-            tensor = torch.stack(data)
-        else:
-            tensor = torch.as_tensor(np.asarray(data, dtype=np.float32))
+        tensor = torch.as_tensor(np.asarray(data, dtype=np.float32))
         if tensor.ndim == 2:
             tensor = tensor[None]
         if tensor.ndim != 3 or tuple(tensor.shape[1:]) != self.item_shape:
@@ -213,8 +207,7 @@ class TerraLlamaModel(LlamaModel):
         if get_pp_group().is_first_rank:
             if inputs_embeds is None:
                 inputs_embeds = self.embed_input_ids(input_ids)
-            position_embeds = self.pos_embedding_spatio_temporal(positions)
-            inputs_embeds = inputs_embeds + position_embeds.to(inputs_embeds.dtype)
+            inputs_embeds = inputs_embeds + self.pos_embedding_spatio_temporal(positions).to(inputs_embeds.dtype)
         return super().forward(None, positions, intermediate_tensors, inputs_embeds, **extra_layer_kwargs)
 
 
@@ -309,6 +302,3 @@ class TerraForCausalLM(nn.Module, SupportsMultiModal):
         if self.config.tie_word_embeddings:  # the head shares the token embedding
             weights = ((name, w) for name, w in weights if not name.startswith("lm_head."))
         return AutoWeightsLoader(self).load_weights(weights, mapper=self.hf_to_vllm_mapper)
-
-
-__all__ = ["TerraForCausalLM", "TerraLlamaModel", "ActionMultiModalProcessor", "find_slots"]
