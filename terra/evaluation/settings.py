@@ -20,8 +20,6 @@ APP = "terra-evaluate"  # the app whose run folders these are
 HORIZON = Range(1, 1000, "[4,7,10]", whole=True)  # each of adherence.horizons
 PARAM_RANGES = ("radius_m", "accel_mps2", "change_s")  # adherence's ranges of the pairs' manoeuvre parameters
 PAIRS_EXAMPLE = "adherence.pairs=[[curve_left,curve_right]]"
-
-
 PHASE_TITLES = {"quality": "frame quality", "adherence": "manoeuvre adherence"}  # in run order: key → name
 PHASE_FILES = tuple(f"{key}.json" for key in PHASE_TITLES)  # in out_dir, beside report.json (evaluation/phases.py)
 
@@ -136,7 +134,6 @@ class EvaluateConfig(RunConfig):
     adherence: AdherenceBlock = setting(AdherenceBlock(), "")
     exclude_training: ExcludeBlock = setting(ExcludeBlock(), "")
     targets: TargetsBlock = setting(TargetsBlock(), "")
-
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,7 @@ from tqdm import tqdm
 from terra.config.actbench import video_name
 from terra.core.errors import TerraInputError
 from terra.core.progress import shows_bars
-from terra.scoring.estimator import EstimatorConfig
-from terra.scoring.estimator import weights_file
+from terra.scoring.estimator import EstimatorConfig, weights_file
 from terra.scoring.samples import read_bench_samples
 from terra.scoring.settings import ScoringSettings
 from terra.scoring.videos import count_frames, find_videos

@@ -28,7 +28,6 @@ ATTENTION = ("sdpa", "eager", "flash_attention_2")
 OPTIMIZERS = ("adamw", "adamw8bit")  # float32 moments (torch) | 8-bit block-quantized moments (torchao)
 
 
-
 def check_betas(value: Any, name: str) -> tuple[float, float]:
     """AdamW's ``betas`` setting ``name``: two numbers in [0, 1)."""
     if not (isinstance(value, list) and len(value) == 2):

@@ -23,7 +23,6 @@ SYNTHETIC_FRAMES = "synthetic_*.npy"  # data.source=synthetic: the rendered fram
 EXPORT_FILES = ("config.json", "model.safetensors")
 
 
-
 @dataclass
 class ModelBlock:
     family: str = setting("lfq", "the tokenizer family (train_tokenizer/model= picks one with its config)",
