@@ -90,13 +90,13 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     sums = torch.zeros(3, device=device)  # loss, accuracy, steps since the last log row (summed over processes)
     interval_start, reason, last = time.perf_counter(), "max_steps", {}
     saved_best = out / BEST_DIR / BEST_FILE
-    best = json.loads(saved_best.read_text()) if spec.export_best and step > 0 and saved_best.is_file() else None
+    best = json.loads(saved_best.read_text()) if spec.export.best and step > 0 and saved_best.is_file() else None
 
     def validate() -> dict[str, float]:
         nonlocal best
         scores = validation_scores(spec, trainee, data, validation, processes, step, log)
         # every process has the same scores: all agree on an improvement
-        if spec.export_best and (best is None or improves(scores, best, spec.best_by)):
+        if spec.export.best and (best is None or improves(scores, best, spec.export.best_by)):
             best = {"step": step, **scores}
             _write_model(spec, trainee, processes, out / BEST_DIR, best)
             barrier(processes)
@@ -195,7 +195,7 @@ def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, 
 def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
     """Write ``model/`` (Terra's layout, ``export.dtype``, LoRA merged) and, with ``export.adapter``, ``adapter/``."""
     target = spec.output_dir / EXPORT_DIR
-    if _write_model(spec, trainee, processes, target) and trainee.peft is not None and spec.export_adapter:
+    if _write_model(spec, trainee, processes, target) and trainee.peft is not None and spec.export.adapter:
         with atomic_dir(spec.output_dir / ADAPTER_DIR) as folder:
             trainee.peft.save_pretrained(folder)
     barrier(processes)
@@ -205,11 +205,11 @@ def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
 def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target: Path,
                  scores: dict[str, float] | None = None) -> bool:
     """The trained model in Terra's layout at ``target``, atomically; a collective call."""
-    model = trained_model(trainee, processes, getattr(torch, spec.export_dtype))
+    model = trained_model(trainee, processes, getattr(torch, spec.export.dtype))
     if model is None:
         return False
     with atomic_dir(target) as folder:
-        model.save_pretrained(folder, max_shard_size=spec.export_max_shard_size)
+        model.save_pretrained(folder, max_shard_size=spec.export.max_shard_size)
         if scores is not None:
             (folder / BEST_FILE).write_text(json_text(scores) + "\n")
     return True
