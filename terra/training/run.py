@@ -17,7 +17,6 @@ from terra.core.errors import TerraInputError
 from terra.training import checkpoint as ckpt
 from terra.training.data import Windows, WindowSampler, load_training_data
 from terra.training.distributed import Processes, all_sum, barrier, gradient_sync, start_processes, stop_processes
-from terra.training.optimizer import make_optimizer
 from terra.training.runlog import RunLog
 from terra.training.settings import ADAPTER_DIR, BEST_DIR, CHECKPOINT_DIR, EXPORT_DIR, LOG_FILE, TrainSpec
 from terra.training.model import Trainee, build_trainee, trained_model
@@ -183,6 +182,25 @@ def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, windows: Wind
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return loss_sum / trainee.accumulation, acc_sum / trainee.accumulation, grad_norm
+
+
+def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.device) -> torch.optim.Optimizer:
+    """``train.optimizer`` over ``module``'s trained weights, weight decay on matrices only."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": spec.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    if spec.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, fused=device.type == "cuda")
+    from torchao.optim import AdamW8bit
+
+    cls = AdamW8bit if device.type == "cuda" else eager(AdamW8bit)
+    # stochastic rounding acts on bf16 weights only; float32 ones are updated exactly
+    return cls(groups, lr=spec.lr, betas=spec.betas, bf16_stochastic_round=True)
+
+
+def eager(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """``cls`` with the ``torch.compile`` calls inside its step run as plain Python (torch's "force_eager" stance)."""
+    return type(f"Eager{cls.__name__}", (cls,), {"step": torch.compiler.set_stance("force_eager")(cls.step)})
 
 
 def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, bool]:
