@@ -49,8 +49,7 @@ def dry_run(settings: ScoringSettings) -> DryRun:
                         f"({left_out} rows of other classes left out: they need no video)")
     videos = find_videos(settings.videos)
     missing = [s.sample_id for s in samples if s.sample_id not in videos]
-    short: list[str] = []
-    unreadable: list[str] = []
+    short, unreadable = [], []
     present = [videos[s.sample_id] for s in samples if s.sample_id in videos]
     for path in tqdm(present, unit="video", desc="counting frames", disable=not shows_bars(settings.progress)):
         try:
