@@ -113,11 +113,10 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
             windows = sampler.sample(spec.batch_size).rows(mine).to(device)
             loss, acc, grad_norm = train_step(trainee, optimizer, windows, spec.grad_clip)
             scheduler.step()
-            sums[:2] += torch.stack([loss, acc])
+            sums += torch.stack([loss, acc, torch.ones_like(loss)])
             step += 1
             if log is not None:
                 log.step()
-            sums[2] += 1
             stopping, diverged = _agree(stop["signal"] or time.perf_counter() - start >= budget_s, loss, processes)
             if diverged:  # before the NaN weights reach a log row, a checkpoint or an export
                 raise TerraInputError(f"training diverged at step {step}: the loss is not finite; rerun to resume "
