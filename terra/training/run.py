@@ -115,8 +115,8 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
             scheduler.step()
             sums += torch.stack([loss, acc, torch.ones_like(loss)])
             step += 1
-            if log is not None:
-                log.step()
+            if log is not None:  # the bar's loss and tokens/s are the last row's: no GPU sync per step
+                log.bar.update(1)
             stopping, diverged = _agree(stop["signal"] or time.perf_counter() - start >= budget_s, loss, processes)
             if diverged:  # before the NaN weights reach a log row, a checkpoint or an export
                 raise TerraInputError(f"training diverged at step {step}: the loss is not finite; rerun to resume "
