@@ -25,8 +25,7 @@ from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from terra.tokenizer.base import TrainOutput, WEIGHTS_NAME
 from terra.tokenizer.images import load_frames
 from terra.training.checkpoint import discard, newest_checkpoint, swap_in
-from terra.training.tokenizer_settings import (CHECKPOINT, LOG, SUMMARY, DataBlock, DiscBlock, ModelBlock,
-                                               TokenizerTrainSpec)
+from terra.training.tokenizer_settings import CHECKPOINT, LOG, SUMMARY, DataBlock, DiscBlock, TokenizerTrainSpec
 
 
 class PatchDiscriminator(nn.Module):
@@ -95,11 +94,6 @@ TOKENIZERS: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQToke
 STATE = "training_state.pt"  # in a checkpoint, written last
 
 
-def build_tokenizer(model: ModelBlock) -> ImageTokenizer:
-    return TOKENIZERS[model.family].from_config(model.config, "model.config",
-                                                "fix the model.config settings (conf/train_tokenizer/model/)")
-
-
 def training_frames(data: DataBlock, image_size: tuple[int, int], output_dir: Path) -> np.ndarray:
     """All training frames, uint8 ``[N, H, W, 3]`` at the tokenizer's size."""
     if data.source == "folder":
@@ -140,7 +134,9 @@ class Trainees:
     def build(cls, spec: TokenizerTrainSpec, device: torch.device, memory_format: torch.memory_format) -> "Trainees":
         """The tokenizer, its optimiser and EMA, and the discriminator when ``disc.enabled``, all on ``device``."""
         run = spec.train
-        model = build_tokenizer(spec.model).to(device=device, memory_format=memory_format).train()
+        model = TOKENIZERS[spec.model.family].from_config(spec.model.config, "model.config", "fix the model.config "
+                                                          "settings (conf/train_tokenizer/model/)")
+        model = model.to(device=device, memory_format=memory_format).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=run.betas, weight_decay=run.weight_decay)
         ema = None if run.ema_decay is None else AveragedModel(
             model, multi_avg_fn=get_ema_multi_avg_fn(run.ema_decay), use_buffers=True)
