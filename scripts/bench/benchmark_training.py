@@ -53,8 +53,7 @@ from terra.core.atomic import json_text
 from terra.models.presets import TERRA
 from terra.training.data import ClipSet, TrainingData, Windows
 from terra.training.distributed import start_processes, stop_processes
-from terra.training.optimizer import make_optimizer
-from terra.training.run import build_trainee, train_step
+from terra.training.run import build_trainee, make_optimizer, train_step
 from terra.training.settings import DTYPES, OPTIMIZERS, train_spec
 
 CONF = Path(__file__).resolve().parents[2] / "conf"  # read directly: Hydra need not be installed

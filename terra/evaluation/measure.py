@@ -134,11 +134,9 @@ def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int
     route_tokens = pipeline.backend.layout.route_tokens
     requests = [RolloutRequest(codes[i, :n_ctx], clip.actions, horizon, seed=seed + i,
                                routes=clip_routes(clip, route_tokens)) for i, clip in enumerate(clips)]
-    t0 = time.perf_counter()
-    results = _decoded(pipeline.generate(requests, sampling, progress=progress, decode=False), pipeline, say,
-                       f"frame quality: decoding the {len(requests)} rollouts and the tokenizer's reconstructions of "
-                       "their true frames, then scoring them ...")
-    generate_s = time.perf_counter() - t0
+    results, generate_s = _rollouts(pipeline, requests, sampling, progress, say,
+                                    f"frame quality: decoding the {len(requests)} rollouts and the tokenizer's "
+                                    "reconstructions of their true frames, then scoring them ...")
     recon = pipeline.decode(codes[:, n_ctx:].reshape(-1, *codes.shape[2:]))  # the tokenizer's own reconstruction
     recon = recon.reshape(len(clips), horizon, *recon.shape[1:])
     gen_psnr, gen_ssim, tok_psnr, tok_ssim, copy_psnr, per_clip = [], [], [], [], [], []
@@ -169,14 +167,16 @@ def evaluate_quality(pipeline: WorldModelPipeline, clips: list[Clip], n_ctx: int
             "s_per_frame": round(generate_s / (len(clips) * horizon), 4)}
 
 
-def _decoded(results: list[RolloutResult], pipeline: WorldModelPipeline, say: Callable[[str], None] | None,
-             line: str) -> list[RolloutResult]:
-    """``results`` of ``generate(..., decode=False)`` given their decoded frames, after ``say(line)``."""
+def _rollouts(pipeline: WorldModelPipeline, requests: list[RolloutRequest], sampling: SamplingConfig, progress: bool,
+              say: Callable[[str], None] | None, line: str) -> tuple[list[RolloutResult], float]:
+    """The rollouts of ``requests``, generated then decoded after ``say(line)``, and the seconds they took."""
+    start = time.perf_counter()
+    results = pipeline.generate(requests, sampling, progress=progress, decode=False)
     if say is not None:
         say(line)
     for result in results:
         result.frames = pipeline.frames(result.codes, result.request.seed)[0]
-    return results
+    return results, time.perf_counter() - start
 
 
 def _mse(a: np.ndarray, b: np.ndarray) -> float:
@@ -195,11 +195,10 @@ def evaluate_adherence(pipeline: WorldModelPipeline, cases: list[AdherenceCase],
     requests = [RolloutRequest(contexts[j], case.clips[name].actions, horizon, seed=seed + 2 * j + k,
                                routes=clip_routes(case.clips[name], route_tokens))
                 for j, case in enumerate(cases) for k, name in enumerate(case.pair)]
-    t0 = time.perf_counter()
-    results = iter(_decoded(pipeline.generate(requests, sampling, progress=progress, decode=False), pipeline, say,
-                            f"manoeuvre adherence: decoding the {len(requests)} rollouts, then matching them with "
-                            "each candidate's true frames ..."))
-    generate_s = time.perf_counter() - t0
+    results, generate_s = _rollouts(pipeline, requests, sampling, progress, say,
+                                    f"manoeuvre adherence: decoding the {len(requests)} rollouts, then matching them "
+                                    "with each candidate's true frames ...")
+    results = iter(results)
     idx = [n_ctx + h - 1 for h in steps]
     records: dict[str, list[dict]] = {}
     for case in cases:

@@ -11,8 +11,7 @@ from typing import Any
 from terra.config.checks import one_line, shown
 from terra.config.files import checkpoint_digest
 from terra.core.atomic import json_text, write_text
-from terra.evaluation.settings import PHASE_TITLES as TITLES
-from terra.evaluation.settings import EvaluateSpec
+from terra.evaluation.settings import PHASE_TITLES, EvaluateSpec
 
 CHECKPOINTS = {"world_model": "the world model", "tokenizer": "the tokenizer"}  # inputs given as digests
 RUN_SETTINGS = {"overlap": "model.overlap", "zero_embed_code_0": "model.zero_embed_code_0",
@@ -31,7 +30,7 @@ class Phase:
 
     @property
     def title(self) -> str:
-        return TITLES[self.key]
+        return PHASE_TITLES[self.key]
 
     @property
     def file(self) -> str:

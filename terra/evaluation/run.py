@@ -12,16 +12,10 @@ from terra.contract.layout import check_window
 from terra.core.atomic import json_text, write_text
 from terra.core.device import set_threads
 from terra.core.progress import announce, duration
-from terra.evaluation.measure import (
-    DIRECTION_PAIR,
-    adherence_cases,
-    held_out_seeds,
-    quality_clips,
-    training_scene_seeds,
-)
-from terra.evaluation.measure import evaluate_adherence, evaluate_quality
-from terra.evaluation.phases import TITLES, Phase, keep, plan_phases
-from terra.evaluation.settings import REPORT, EvaluateSpec, TargetsBlock
+from terra.evaluation.measure import (DIRECTION_PAIR, adherence_cases, evaluate_adherence, evaluate_quality,
+                                      held_out_seeds, quality_clips, training_scene_seeds)
+from terra.evaluation.phases import Phase, keep, plan_phases
+from terra.evaluation.settings import PHASE_TITLES, REPORT, EvaluateSpec, TargetsBlock
 from terra.generation.backends import backend_kind
 from terra.pipeline import WorldModelPipeline
 from terra.run import resolve_run
@@ -217,6 +211,6 @@ def format_table(report: dict) -> str:
                          f"{pair['accuracy_with_straight_pct']:>6.1f}% {pair['mean_margin_db']:>6.2f}dB")
     for name, t in report["targets"].items():
         lines.append(f"target {name}: {t['value']:.2f} vs {t['target']:.2f} → {'PASS' if t['passed'] else 'FAIL'}")
-    kept = "".join(f"; {TITLES[key]} kept from an earlier run" for key in report["reused"])
+    kept = "".join(f"; {PHASE_TITLES[key]} kept from an earlier run" for key in report["reused"])
     lines.append(f"report: {report['path']} ({report['timings']['total_s']:.0f} s{kept})")
     return "\n".join(lines)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import partial
 from typing import Any, Optional
 
 from omegaconf import DictConfig
@@ -20,21 +21,19 @@ APP = "terra-evaluate"  # the app whose run folders these are
 HORIZON = Range(1, 1000, "[4,7,10]", whole=True)  # each of adherence.horizons
 PARAM_RANGES = ("radius_m", "accel_mps2", "change_s")  # adherence's ranges of the pairs' manoeuvre parameters
 PAIRS_EXAMPLE = "adherence.pairs=[[curve_left,curve_right]]"
-
-
 PHASE_TITLES = {"quality": "frame quality", "adherence": "manoeuvre adherence"}  # in run order: key → name
 PHASE_FILES = tuple(f"{key}.json" for key in PHASE_TITLES)  # in out_dir, beside report.json (evaluation/phases.py)
 
 
-def _range(value: Any, name: str, key: str) -> tuple[float, float]:
-    """A ``[low, high]`` setting of numbers inside manoeuvre parameter ``key``'s range, ``0 < low <= high``."""
+def _range(value: Any, name: str) -> tuple[float, float]:
+    """A ``[low, high]`` setting ``name`` of numbers inside its manoeuvre parameter's range, ``0 < low <= high``."""
     try:
         low, high = (float(v) for v in value)
     except (TypeError, ValueError, OverflowError):
         raise TerraInputError(
             f"{name} must be a [low, high] pair of numbers (got {value}); e.g. {name}=[20,40]") from None
     for bound in (low, high):
-        MANOEUVRE_RANGES[key].check(bound, name)
+        MANOEUVRE_RANGES[name.rpartition(".")[2]].check(bound, name)
     if not 0 < low <= high:
         raise TerraInputError(f"{name} must satisfy 0 < low <= high (got [{low}, {high}])")
     return low, high
@@ -69,10 +68,6 @@ def _horizons(given: Any) -> tuple[int, ...]:
     return tuple(HORIZON.check(h, "adherence.horizons") for h in given or [])
 
 
-def _range_of(name: str, key: str) -> Any:
-    return lambda value: _range(value, name, key)
-
-
 @dataclass
 class QualityBlock:
     num_clips: int = setting(32, "held-out clips whose generated frames are compared with the true ones",
@@ -81,7 +76,7 @@ class QualityBlock:
                               SEED)
     manoeuvres: Any = setting(None, "cycled over the clips; null = every manoeuvre", check=_manoeuvres)
     speed_kmh: Any = setting([15, 60], "initial speed drawn uniformly from this range (the training range); within "
-                                       "0 .. 250", check=_range_of("quality.speed_kmh", "speed_kmh"))
+                                       "0 .. 250", check=partial(_range, name="quality.speed_kmh"))
 
 
 @dataclass
@@ -94,12 +89,12 @@ class AdherenceBlock:
                          "opposite manoeuvres: the same context, opposite commands", check=_pairs)
     horizons: Any = setting([4, 7, 10], "generated frames (1-based) matched against each candidate's ground-truth "
                                         "render", check=_horizons)
-    speed_kmh: Any = setting([20, 40], "within 0 .. 250", check=_range_of("adherence.speed_kmh", "speed_kmh"))
-    radius_m: Any = setting([20, 40], "curves; within 2 .. 10000", check=_range_of("adherence.radius_m", "radius_m"))
+    speed_kmh: Any = setting([20, 40], "within 0 .. 250", check=partial(_range, name="adherence.speed_kmh"))
+    radius_m: Any = setting([20, 40], "curves; within 2 .. 10000", check=partial(_range, name="adherence.radius_m"))
     accel_mps2: Any = setting([2, 4], "accelerate / decelerate / stop; within 0 .. 15",
-                              check=_range_of("adherence.accel_mps2", "accel_mps2"))
+                              check=partial(_range, name="adherence.accel_mps2"))
     change_s: Any = setting([1.5, 3.0], "lane changes; within 0.5 .. 30",
-                            check=_range_of("adherence.change_s", "change_s"))
+                            check=partial(_range, name="adherence.change_s"))
 
     @property
     def params(self) -> dict[str, tuple[float, float]]:
@@ -136,7 +131,6 @@ class EvaluateConfig(RunConfig):
     adherence: AdherenceBlock = setting(AdherenceBlock(), "")
     exclude_training: ExcludeBlock = setting(ExcludeBlock(), "")
     targets: TargetsBlock = setting(TargetsBlock(), "")
-
 
 
 @dataclass(frozen=True)

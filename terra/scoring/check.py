@@ -11,8 +11,7 @@ from tqdm import tqdm
 from terra.config.actbench import video_name
 from terra.core.errors import TerraInputError
 from terra.core.progress import shows_bars
-from terra.scoring.estimator import EstimatorConfig
-from terra.scoring.estimator import weights_file
+from terra.scoring.estimator import EstimatorConfig, weights_file
 from terra.scoring.samples import read_bench_samples
 from terra.scoring.settings import ScoringSettings
 from terra.scoring.videos import count_frames, find_videos
@@ -50,8 +49,7 @@ def dry_run(settings: ScoringSettings) -> DryRun:
                         f"({left_out} rows of other classes left out: they need no video)")
     videos = find_videos(settings.videos)
     missing = [s.sample_id for s in samples if s.sample_id not in videos]
-    short: list[str] = []
-    unreadable: list[str] = []
+    short, unreadable = [], []
     present = [videos[s.sample_id] for s in samples if s.sample_id in videos]
     for path in tqdm(present, unit="video", desc="counting frames", disable=not shows_bars(settings.progress)):
         try:

@@ -128,10 +128,8 @@ class EstimatorConfig:
     @property
     def memory_len(self) -> int:
         """Tokens the encoder sees: the backbone's output frames x ``feature_map_size``²."""
-        frames = self.input_shape[1]
-        for stride in (2, 2):  # Conv3d_1a_7x7 and MaxPool3d_4a_3x3 halve time (same padding: rounded up)
-            frames = math.ceil(frames / stride)
-        return frames * self.feature_map_size**2
+        # Conv3d_1a_7x7 and MaxPool3d_4a_3x3 each halve time, rounded up (same padding): a quarter, rounded up
+        return math.ceil(self.input_shape[1] / 4) * self.feature_map_size**2
 
 
 class Estimate(NamedTuple):

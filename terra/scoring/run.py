@@ -37,11 +37,6 @@ class ScoreResult:
     timings: dict[str, float]  # load_s, estimate_s (decode included), total_s
 
 
-def timestamps(num_frames: int) -> torch.Tensor:
-    """The estimator's timestamps ``[num_frames, 1]``."""
-    return torch.linspace(0, (num_frames - 1) * FRAME_INTERVAL_S, num_frames).view(num_frames, 1)
-
-
 def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: ScoringSettings,
              device: torch.device) -> tuple[np.ndarray, np.ndarray]:
     """Estimated class ids ``[N]`` and waypoints ``[N, T, 2]`` (float32) of the videos ``paths``."""
@@ -51,7 +46,7 @@ def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: Scori
     workers = min(settings.num_workers, usable_cores(), len(paths))  # no more than CPUs or videos
     loader = DataLoader(clips, batch_size=settings.batch_size, num_workers=workers, collate_fn=collate,
                         pin_memory=device.type == "cuda")
-    times = timestamps(num_frames).to(device) if config.timestamp_dim else None
+    times = torch.linspace(0, (num_frames - 1) * FRAME_INTERVAL_S, num_frames).view(num_frames, 1).to(device)
     bf16 = settings.dtype == "bfloat16" or (settings.dtype == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     classes, waypoints = np.zeros(len(paths), np.int64), np.zeros((len(paths), num_frames, 2), np.float32)
@@ -61,7 +56,7 @@ def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: Scori
             if errors:
                 raise TerraInputError(errors[0])
             frames = frames.to(device, non_blocking=True).float().div_(255)
-            batch_times = None if times is None else times.expand(len(indices), -1, -1)
+            batch_times = times.expand(len(indices), -1, -1) if config.timestamp_dim else None
             with autocast:
                 out = estimator(frames, batch_times)
             classes[indices] = torch.softmax(out.command.float().cpu(), dim=1).numpy().argmax(axis=1)  # as ACT-Bench

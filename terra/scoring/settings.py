@@ -89,13 +89,10 @@ def scoring_settings(cfg: Any) -> ScoringSettings:
     files = sample_files(required_path(cfg, "samples", "ACT-Bench's act_bench.jsonl, or a folder of them", "FILE"))
     for file in files:
         open_input_file(file, "samples file", MAX_SAMPLES_BYTES).close()  # regular, readable, bounded
-    output_dir = None
-    if not dry_run:  # a dry run writes nothing
-        output_dir = claim_output_dir(
-            required_path(cfg, "output_dir", "summary.json, results.jsonl, confusion_matrix.png go there"),
-            "output_dir", files=FILES, inputs=[("videos folder", videos), ("samples", select(cfg, "samples")),
-                                               ("samples file", files), ("estimator folder", estimator)],
-            app=APP).path
+    output_dir = None if dry_run else claim_output_dir(  # a dry run writes nothing
+        required_path(cfg, "output_dir", "summary.json, results.jsonl, confusion_matrix.png go there"),
+        "output_dir", files=FILES, inputs=[("videos folder", videos), ("samples", select(cfg, "samples")),
+                                           ("samples file", files), ("estimator folder", estimator)], app=APP).path
     own = ("batch_size", "num_workers", "device", "dtype", "progress", "num_threads")
     return ScoringSettings(videos=videos, samples=files, estimator=estimator, output_dir=output_dir, dry_run=dry_run,
                            **{name: values[name] for name in own})

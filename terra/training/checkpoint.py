@@ -7,7 +7,7 @@ import shutil
 import warnings
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -59,15 +59,20 @@ def checkpoint_step(folder: Path, state_file: str = STATE_FILE,
                               f"{fix}") from None
 
 
+def newest_checkpoint(folders: Iterable[Path], state_file: str = STATE_FILE,
+                      fix: str = "restore it, or set resume=false to start afresh") -> Path | None:
+    """The complete checkpoint of ``folders`` at the latest step (on a tie, the first listed); None: none."""
+    found = [(step, path) for path in folders if (step := checkpoint_step(path, state_file, fix)) is not None]
+    return max(found, key=lambda pair: pair[0])[1] if found else None
+
+
 def find_checkpoint(folder: Path, processes: Processes) -> bool:
     """Whether ``folder`` holds a checkpoint to resume from (the main process made it the newest complete one)."""
     if processes.main:
-        found = [(step, path) for path in (folder, *_aside(folder)) if (step := checkpoint_step(path)) is not None]
-        if found:
-            newest = max(found, key=lambda pair: pair[0])[1]  # on a tie, folder itself (listed first)
-            if newest != folder:
-                discard(folder)
-                os.replace(newest, folder)
+        newest = newest_checkpoint((folder, *_aside(folder)))
+        if newest not in (None, folder):
+            discard(folder)
+            os.replace(newest, folder)
         for path in _aside(folder):
             discard(path)
     barrier(processes)

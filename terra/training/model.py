@@ -110,12 +110,6 @@ def add_lora(model: LlamaActionForCausalLM, lora: LoraBlock) -> nn.Module:
     return peft
 
 
-def store_weights(module: nn.Module, trained: torch.dtype, frozen: torch.dtype) -> None:
-    """Trained weights in ``trained`` dtype, frozen ones (LoRA's base) in ``frozen``; buffers as they are."""
-    for param in module.parameters():
-        param.data = param.data.to(trained if param.requires_grad else frozen)
-
-
 def checkpoint_layers(model: LlamaActionForCausalLM, layers: bool | int) -> None:
     """Recompute decoder layers in the backward pass: all (True), none (False) or the first ``layers``."""
     total = len(model.model.layers)
@@ -162,7 +156,8 @@ def build_trainee(spec: TrainSpec, data: TrainingData, processes: Processes) -> 
         peft = add_lora(model, spec.lora)
         model = peft.get_base_model()
     trained = getattr(torch, spec.weights_dtype)
-    store_weights(model, trained, compute or trained)  # frozen weights need no more precision than the compute
+    for param in model.parameters():  # frozen weights (LoRA's base) need no more precision than the compute
+        param.data = param.data.to(trained if param.requires_grad else compute or trained)
     checkpoint_layers(model, spec.activation_checkpointing)
     model.config.use_cache = False
     loss = WindowLoss(model, frames, spec.loss_on_first_frame, spec.loss_chunk, compute,

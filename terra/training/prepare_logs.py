@@ -260,10 +260,8 @@ def tokenize_clip(folder: Path, tokenizer: Any, spec: PrepareSpec, pool: ThreadP
         raise TerraInputError(f"has {len(kept.times)} frame(s) at {FRAME_RATE_HZ:g} Hz, fewer than "
                               f"min_frames={spec.min_frames}")
     actions = clip_actions(motion, kept, clip.shared_clock)
-    if routes is None:
-        return np.concatenate(codes), actions, None
-    return np.concatenate(codes), actions, routes.at(frame_times(motion, kept, clip.shared_clock),
-                                                     DATASET_ROUTE_POINTS)
+    return np.concatenate(codes), actions, None if routes is None else routes.at(
+        frame_times(motion, kept, clip.shared_clock), DATASET_ROUTE_POINTS)
 
 
 def _encode(tokenizer: Any, pool: ThreadPoolExecutor, reads: list[Callable[[], np.ndarray]]) -> np.ndarray:

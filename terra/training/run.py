@@ -17,7 +17,6 @@ from terra.core.errors import TerraInputError
 from terra.training import checkpoint as ckpt
 from terra.training.data import Windows, WindowSampler, load_training_data
 from terra.training.distributed import Processes, all_sum, barrier, gradient_sync, start_processes, stop_processes
-from terra.training.optimizer import make_optimizer
 from terra.training.runlog import RunLog
 from terra.training.settings import ADAPTER_DIR, BEST_DIR, CHECKPOINT_DIR, EXPORT_DIR, LOG_FILE, TrainSpec
 from terra.training.model import Trainee, build_trainee, trained_model
@@ -90,13 +89,13 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
     sums = torch.zeros(3, device=device)  # loss, accuracy, steps since the last log row (summed over processes)
     interval_start, reason, last = time.perf_counter(), "max_steps", {}
     saved_best = out / BEST_DIR / BEST_FILE
-    best = json.loads(saved_best.read_text()) if spec.export_best and step > 0 and saved_best.is_file() else None
+    best = json.loads(saved_best.read_text()) if spec.export.best and step > 0 and saved_best.is_file() else None
 
     def validate() -> dict[str, float]:
         nonlocal best
         scores = validation_scores(spec, trainee, data, validation, processes, step, log)
         # every process has the same scores: all agree on an improvement
-        if spec.export_best and (best is None or improves(scores, best, spec.best_by)):
+        if spec.export.best and (best is None or improves(scores, best, spec.export.best_by)):
             best = {"step": step, **scores}
             _write_model(spec, trainee, processes, out / BEST_DIR, best)
             barrier(processes)
@@ -114,11 +113,10 @@ def _train(spec: TrainSpec, processes: Processes) -> dict[str, Any]:
             windows = sampler.sample(spec.batch_size).rows(mine).to(device)
             loss, acc, grad_norm = train_step(trainee, optimizer, windows, spec.grad_clip)
             scheduler.step()
-            sums[:2] += torch.stack([loss, acc])
+            sums += torch.stack([loss, acc, torch.ones_like(loss)])
             step += 1
-            if log is not None:
-                log.step()
-            sums[2] += 1
+            if log is not None:  # the bar's loss and tokens/s are the last row's: no GPU sync per step
+                log.bar.update(1)
             stopping, diverged = _agree(stop["signal"] or time.perf_counter() - start >= budget_s, loss, processes)
             if diverged:  # before the NaN weights reach a log row, a checkpoint or an export
                 raise TerraInputError(f"training diverged at step {step}: the loss is not finite; rerun to resume "
@@ -185,6 +183,25 @@ def train_step(trainee: Trainee, optimizer: torch.optim.Optimizer, windows: Wind
     return loss_sum / trainee.accumulation, acc_sum / trainee.accumulation, grad_norm
 
 
+def make_optimizer(module: torch.nn.Module, spec: TrainSpec, device: torch.device) -> torch.optim.Optimizer:
+    """``train.optimizer`` over ``module``'s trained weights, weight decay on matrices only."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    groups = [{"params": [p for p in params if p.ndim >= 2], "weight_decay": spec.weight_decay},
+              {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0}]
+    if spec.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, fused=device.type == "cuda")
+    from torchao.optim import AdamW8bit
+
+    cls = AdamW8bit if device.type == "cuda" else eager(AdamW8bit)
+    # stochastic rounding acts on bf16 weights only; float32 ones are updated exactly
+    return cls(groups, lr=spec.lr, betas=spec.betas, bf16_stochastic_round=True)
+
+
+def eager(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """``cls`` with the ``torch.compile`` calls inside its step run as plain Python (torch's "force_eager" stance)."""
+    return type(f"Eager{cls.__name__}", (cls,), {"step": torch.compiler.set_stance("force_eager")(cls.step)})
+
+
 def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, bool]:
     """Whether any process wants to stop and whether any loss is not finite, so all stop after the same step."""
     flags = torch.stack([torch.tensor(float(flag), device=processes.device), (~torch.isfinite(loss)).float()])
@@ -195,7 +212,7 @@ def _agree(flag: bool, loss: torch.Tensor, processes: Processes) -> tuple[bool, 
 def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
     """Write ``model/`` (Terra's layout, ``export.dtype``, LoRA merged) and, with ``export.adapter``, ``adapter/``."""
     target = spec.output_dir / EXPORT_DIR
-    if _write_model(spec, trainee, processes, target) and trainee.peft is not None and spec.export_adapter:
+    if _write_model(spec, trainee, processes, target) and trainee.peft is not None and spec.export.adapter:
         with atomic_dir(spec.output_dir / ADAPTER_DIR) as folder:
             trainee.peft.save_pretrained(folder)
     barrier(processes)
@@ -205,11 +222,11 @@ def export(spec: TrainSpec, trainee: Trainee, processes: Processes) -> Path:
 def _write_model(spec: TrainSpec, trainee: Trainee, processes: Processes, target: Path,
                  scores: dict[str, float] | None = None) -> bool:
     """The trained model in Terra's layout at ``target``, atomically; a collective call."""
-    model = trained_model(trainee, processes, getattr(torch, spec.export_dtype))
+    model = trained_model(trainee, processes, getattr(torch, spec.export.dtype))
     if model is None:
         return False
     with atomic_dir(target) as folder:
-        model.save_pretrained(folder, max_shard_size=spec.export_max_shard_size)
+        model.save_pretrained(folder, max_shard_size=spec.export.max_shard_size)
         if scores is not None:
             (folder / BEST_FILE).write_text(json_text(scores) + "\n")
     return True

@@ -27,10 +27,6 @@ class RunLog:
         self.bar = tqdm(total=max_steps, initial=start_step, unit="step", desc="training",
                         disable=not shows_bars(progress), dynamic_ncols=True)  # in a log: the rows' lines alone
 
-    def step(self) -> None:
-        """Advance the bar by one step (its loss and tokens/s are the last logged row's: no GPU sync per step)."""
-        self.bar.update(1)
-
     def write(self, row: dict[str, Any]) -> None:
         """Add one row (a dict with ``step``) to the log and to TensorBoard, and print it (``step=N/max_steps``)."""
         self.file.write(json_text(row) + "\n")

@@ -28,7 +28,6 @@ ATTENTION = ("sdpa", "eager", "flash_attention_2")
 OPTIMIZERS = ("adamw", "adamw8bit")  # float32 moments (torch) | 8-bit block-quantized moments (torchao)
 
 
-
 def check_betas(value: Any, name: str) -> tuple[float, float]:
     """AdamW's ``betas`` setting ``name``: two numbers in [0, 1)."""
     if not (isinstance(value, list) and len(value) == 2):
@@ -210,14 +209,8 @@ class TrainSpec(TrainBlock):
     net: NetBlock  # the shape of a new model
     finetune: str  # full | lora
     lora: LoraBlock | None
-    sample_gif: bool  # validation rollouts at every evaluation: val_psnr, and the first as a GIF
-    sample_context: int
-    sample_clips: int  # validation clips rolled out
-    export_dtype: str
-    export_max_shard_size: int  # bytes
-    export_adapter: bool  # finetune=lora: also write the unmerged adapter (adapter/)
-    export_best: bool  # also keep best/: the export at the best validation score so far
-    best_by: str  # that score: val_loss (lowest) | val_psnr (highest; needs sample_gif)
+    sample: SampleBlock  # validation rollouts at every evaluation: val_psnr, and the first as a GIF
+    export: ExportBlock  # its max_shard_size in bytes; best_by val_psnr only with sample.gif
     progress: bool  # the step bar, on a terminal
 
     @property
@@ -246,20 +239,21 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
                               whole=[CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR],
                               inputs=[("data.tokens", data), ("data.recoveries", recoveries),
                                       ("init checkpoint", init)], app=APP)
-    train = {key.removeprefix("train."): value for key, value in values.items() if key.startswith("train.")}
+    train = block(values, "train")
     _check_memory(train["optimizer"], train["weights_dtype"])
-    net = NetBlock(**{key.removeprefix("net."): value for key, value in values.items() if key.startswith("net.")})
-    lora = {key.removeprefix("lora."): value for key, value in values.items() if key.startswith("lora.")}
-    return TrainSpec(
-        data=data, val_clips=values["data.val_clips"], recoveries=recoveries, output=output,
-        resume=values["resume"], init=init, net=net, finetune=finetune,
-        lora=LoraBlock(**lora) if finetune == "lora" else None, **train,
-        sample_gif=values["sample.gif"], sample_context=values["sample.num_context"],
-        sample_clips=values["sample.clips"], export_dtype=values["export.dtype"],
-        export_max_shard_size=values["export.max_shard_size"], export_adapter=values["export.adapter"],
-        export_best=values["export.best"], best_by=_best_by(values["export.best_by"], values["sample.gif"]),
-        progress=values["progress"],
-    )
+    sample, export = SampleBlock(**block(values, "sample")), ExportBlock(**block(values, "export"))
+    if export.best_by == "val_psnr" and not sample.gif:
+        raise TerraInputError("export.best_by=val_psnr scores the validation rollouts, which sample.gif=false turns "
+                              "off; set sample.gif=true or export.best_by=val_loss")
+    return TrainSpec(data=data, val_clips=values["data.val_clips"], recoveries=recoveries, output=output,
+                     resume=values["resume"], init=init, net=NetBlock(**block(values, "net")), finetune=finetune,
+                     lora=LoraBlock(**block(values, "lora")) if finetune == "lora" else None, **train, sample=sample,
+                     export=export, progress=values["progress"])
+
+
+def block(values: dict[str, Any], name: str) -> dict[str, Any]:
+    """The checked settings of block ``name``, by their keys in it."""
+    return {key.partition(".")[2]: value for key, value in values.items() if key.startswith(f"{name}.")}
 
 
 def _check_memory(optimizer: str, weights: str) -> None:
@@ -269,14 +263,6 @@ def _check_memory(optimizer: str, weights: str) -> None:
     if weights == "bfloat16" and optimizer != "adamw8bit":
         raise TerraInputError("train.weights_dtype=bfloat16 needs train.optimizer=adamw8bit (its stochastic "
                               "rounding keeps updates smaller than bf16's step); set both, or weights_dtype=float32")
-
-
-def _best_by(metric: str, sample_gif: bool) -> str:
-    """``export.best_by``; ``val_psnr`` needs the validation rollouts (``sample.gif``)."""
-    if metric == "val_psnr" and not sample_gif:
-        raise TerraInputError("export.best_by=val_psnr scores the validation rollouts, which sample.gif=false turns "
-                              "off; set sample.gif=true or export.best_by=val_loss")
-    return metric
 
 
 def _init_folder(cfg: DictConfig) -> str | None:

@@ -53,19 +53,15 @@ class ShardIndex:
     image_size: tuple[int, int]
     frame_rate_hz: float
     tokenizer: str
-    shards: list[ShardEntry] = field(default_factory=list)
     routes: str = "road"  # where the clips' routes come from (module docstring)
+    shards: list[ShardEntry] = field(default_factory=list)
     index_id: str = field(default_factory=lambda: uuid.uuid4().hex)  # carried by every shard of the index
 
     def clip_ids(self) -> set[str]:
         return {clip.id for entry in self.shards for clip in entry.clips}
 
     def to_json(self) -> dict[str, Any]:
-        return {"version": SHARDS_VERSION, "index_id": self.index_id, "codebook_size": self.codebook_size,
-                "grid": list(self.grid),
-                "image_size": list(self.image_size), "frame_rate_hz": self.frame_rate_hz,
-                "tokenizer": self.tokenizer, "routes": self.routes,
-                "shards": [asdict(entry) for entry in self.shards]}
+        return {"version": SHARDS_VERSION, "index_id": self.index_id, **asdict(self)}
 
 
 def read_index(folder: str | Path) -> ShardIndex:
@@ -95,7 +91,7 @@ def open_shards(folder: str | Path) -> tuple[ShardIndex, dict[str, str]]:
             if not match or match.group(1) != entry.split:
                 raise ValueError(f"shard file {shown(entry.file)} of split {shown(entry.split)} is not a shard's name")
         index = ShardIndex(int(raw["codebook_size"]), tuple(raw["grid"]), tuple(raw["image_size"]),
-                           float(raw["frame_rate_hz"]), str(raw["tokenizer"]), shards, str(raw.get("routes", "road")),
+                           float(raw["frame_rate_hz"]), str(raw["tokenizer"]), str(raw.get("routes", "road")), shards,
                            str(raw["index_id"]))
     except (ValueError, KeyError, TypeError) as err:
         raise TerraInputError(f"{path} is not a shard index of version {SHARDS_VERSION} ({err}); "

@@ -20,7 +20,6 @@ from terra.sim.dataset import ClipDataset
 from terra.sim.tokens import TokenizedClips
 
 
-
 @dataclass
 class TokenizeConfig:
     """terra-tokenize's settings."""

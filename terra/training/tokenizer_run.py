@@ -24,9 +24,8 @@ from terra.sim import render_frames
 from terra.tokenizer import ImageTokenizer, LFQTokenizer, VQTokenizer
 from terra.tokenizer.base import TrainOutput, WEIGHTS_NAME
 from terra.tokenizer.images import load_frames
-from terra.training.checkpoint import checkpoint_step, discard, swap_in
-from terra.training.tokenizer_settings import (CHECKPOINT, LOG, SUMMARY, DataBlock, DiscBlock, ModelBlock,
-                                               TokenizerTrainSpec)
+from terra.training.checkpoint import discard, newest_checkpoint, swap_in
+from terra.training.tokenizer_settings import CHECKPOINT, LOG, SUMMARY, DataBlock, DiscBlock, TokenizerTrainSpec
 
 
 class PatchDiscriminator(nn.Module):
@@ -53,10 +52,6 @@ class PatchDiscriminator(nn.Module):
 def patch_grid_side(side: int, num_layers: int) -> int:
     """Logits per side of a :class:`PatchDiscriminator` of ``num_layers`` on ``side`` pixels."""
     return side // 2**num_layers - 2
-
-
-def hinge_d_loss(logits_real: torch.Tensor, logits_fake: torch.Tensor) -> torch.Tensor:
-    return 0.5 * (F.relu(1.0 - logits_real).mean() + F.relu(1.0 + logits_fake).mean())
 
 
 def gradient_l1(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -89,33 +84,14 @@ def sample_batch(frames: torch.Tensor, batch_size: int, step: int, seed: int, hf
     return batch
 
 
-class CodeUsage:
-    def __init__(self, codebook_size: int) -> None:
-        self.counts: torch.Tensor | None = None
-        self.codebook_size = codebook_size
-
-    def update(self, codes: torch.Tensor) -> None:
-        counts = torch.bincount(codes.reshape(-1), minlength=self.codebook_size)
-        self.counts = counts if self.counts is None else self.counts + counts
-
-    def fraction_used(self) -> float:
-        return 0.0 if self.counts is None else (self.counts > 0).float().mean().item()
-
-    def perplexity(self) -> float:
-        """exp(entropy) of the code histogram: the effective number of codes in use."""
-        if self.counts is None:
-            return 0.0
-        p = self.counts.float() / self.counts.sum()
-        return math.exp(-(p[p > 0] * p[p > 0].log()).sum().item())
+def perplexity(counts: torch.Tensor) -> float:
+    """exp(entropy) of a code histogram: the effective number of codes in use."""
+    p = counts[counts > 0].float() / counts.sum()
+    return math.exp(-(p * p.log()).sum().item())
 
 
 TOKENIZERS: dict[str, type[ImageTokenizer]] = {"lfq": LFQTokenizer, "vq": VQTokenizer}  # by model.family
 STATE = "training_state.pt"  # in a checkpoint, written last
-
-
-def build_tokenizer(model: ModelBlock) -> ImageTokenizer:
-    return TOKENIZERS[model.family].from_config(model.config, "model.config",
-                                                "fix the model.config settings (conf/train_tokenizer/model/)")
 
 
 def training_frames(data: DataBlock, image_size: tuple[int, int], output_dir: Path) -> np.ndarray:
@@ -158,7 +134,9 @@ class Trainees:
     def build(cls, spec: TokenizerTrainSpec, device: torch.device, memory_format: torch.memory_format) -> "Trainees":
         """The tokenizer, its optimiser and EMA, and the discriminator when ``disc.enabled``, all on ``device``."""
         run = spec.train
-        model = build_tokenizer(spec.model).to(device=device, memory_format=memory_format).train()
+        model = TOKENIZERS[spec.model.family].from_config(spec.model.config, "model.config", "fix the model.config "
+                                                          "settings (conf/train_tokenizer/model/)")
+        model = model.to(device=device, memory_format=memory_format).train()
         optimizer = torch.optim.AdamW(model.parameters(), lr=run.lr, betas=run.betas, weight_decay=run.weight_decay)
         ema = None if run.ema_decay is None else AveragedModel(
             model, multi_avg_fn=get_ema_multi_avg_fn(run.ema_decay), use_buffers=True)
@@ -208,14 +186,6 @@ def _check_disc_depth(disc: DiscBlock, image_size: tuple[int, int]) -> None:
                               f"frames (the discriminator would have no patch left to judge); {fix}")
 
 
-def find_checkpoint(output_dir: Path) -> Path | None:
-    """The newest complete checkpoint: ``checkpoint/``, or ``checkpoint.tmp/`` or ``checkpoint.old/`` after a kill."""
-    folders = [output_dir / name for name in (CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old")]
-    found = [(step, folder) for folder in folders
-             if (step := checkpoint_step(folder, STATE, "restore it or set train.resume=false")) is not None]
-    return max(found, key=lambda pair: pair[0])[1] if found else None
-
-
 def train_step(
     t: Trainees, forward, batch: torch.Tensor, step: int, spec: TokenizerTrainSpec, autocast
 ) -> tuple[dict[str, torch.Tensor], TrainOutput]:
@@ -243,8 +213,9 @@ def train_step(
     record = {"loss": loss.detach(), "l1": l1.detach(), **out.stats}
     if gan:
         t.disc_optimizer.zero_grad(set_to_none=True)
-        with autocast:
-            d_loss = hinge_d_loss(t.disc(batch).float(), t.disc(recon.detach()).float())
+        with autocast:  # the hinge loss's discriminator side
+            d_loss = 0.5 * (F.relu(1.0 - t.disc(batch).float()).mean()
+                            + F.relu(1.0 + t.disc(recon.detach()).float()).mean())
         d_loss.backward()
         t.disc_optimizer.step()
         record.update(g_loss=g_loss.detach(), d_loss=d_loss.detach())
@@ -279,7 +250,8 @@ def _train(spec: TokenizerTrainSpec) -> dict[str, Any]:
     eval_index = np.linspace(0, len(frames_np) - 1, min(run.eval_frames, len(frames_np))).astype(int)
     eval_images = torch.from_numpy(frames_np[eval_index]).to(device).permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
-    checkpoint = find_checkpoint(output_dir) if run.resume else None
+    folders = [output_dir / name for name in (CHECKPOINT, f"{CHECKPOINT}.tmp", f"{CHECKPOINT}.old")]  # after a kill
+    checkpoint = newest_checkpoint(folders, STATE, "restore it or set train.resume=false") if run.resume else None
     if checkpoint is not None:
         state = t.load(checkpoint, device)
         print(f"resumed from {checkpoint} at step {state['step']}", flush=True)
@@ -289,7 +261,7 @@ def _train(spec: TokenizerTrainSpec) -> dict[str, Any]:
 
     forward = torch.compile(model) if run.compile else model
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" and run.bf16 else nullcontext()
-    usage = CodeUsage(model.codebook_size)
+    usage = torch.zeros(model.codebook_size, dtype=torch.int64, device=device)  # each code's uses since the last row
     budget_s = math.inf if run.max_minutes is None else run.max_minutes * 60
     step_time, save_time, window = 0.0, 1.0, []
     start_step = step = int(state["step"])
@@ -313,16 +285,16 @@ def _train(spec: TokenizerTrainSpec) -> dict[str, Any]:
         batch = sample_batch(frames, run.batch_size, step, spec.data.seed, spec.data.hflip)
         batch = batch.to(device, non_blocking=True).contiguous(memory_format=memory_format)
         record, out = train_step(t, forward, batch, step, spec, autocast)
-        usage.update(out.codes)
+        usage += torch.bincount(out.codes.reshape(-1), minlength=model.codebook_size)
         step += 1
         window.append(record)
         if step % run.log_every == 0 or step == max_steps:
             stats = {k: torch.stack([r[k] for r in window if k in r]).float().mean().item() for k in window[-1]}
             _log(output_dir, {"event": "train", "step": step, **stats, "psnr": psnr(out.reconstruction, batch),
-                              "lr": run.lr * factor, "code_usage": usage.fraction_used(),
-                              "code_perplexity": usage.perplexity(),
+                              "lr": run.lr * factor, "code_usage": (usage > 0).float().mean().item(),
+                              "code_perplexity": perplexity(usage),
                               "steps_per_s": len(window) / max(1e-9, time.monotonic() - window_t0)})
-            window, window_t0, usage = [], time.monotonic(), CodeUsage(model.codebook_size)
+            window, window_t0, usage = [], time.monotonic(), torch.zeros_like(usage)
         if device.type == "cuda":
             torch.cuda.synchronize()
         took = time.monotonic() - tick

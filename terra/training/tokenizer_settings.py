@@ -12,7 +12,7 @@ from terra.config.checks import SEED, Range, plain, required_path
 from terra.config.output_dir import OutputDir, claim_output_dir
 from terra.config.schema import check_schema, flag, setting
 from terra.core.errors import TerraInputError
-from terra.training.settings import DTYPES, check_betas
+from terra.training.settings import DTYPES, block, check_betas
 
 FAMILIES = ("lfq", "vq")  # model.family
 SOURCES = ("synthetic", "folder")  # data.source: render_frames, load_frames
@@ -21,7 +21,6 @@ CHECKPOINT, LOG, SUMMARY = "checkpoint", "train_log.jsonl", "summary.json"
 APP = "terra-train-tokenizer"  # the app whose run folders these are
 SYNTHETIC_FRAMES = "synthetic_*.npy"  # data.source=synthetic: the rendered frames, cached
 EXPORT_FILES = ("config.json", "model.safetensors")
-
 
 
 @dataclass
@@ -129,22 +128,16 @@ class TokenizerTrainSpec:
 def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
     """Check settings once and return them as a :class:`TokenizerTrainSpec` (no torch)."""
     values = check_schema(cfg, TrainTokenizerConfig)
-    data = _frames(block(values, "data"))
-    disc = _disc(block(values, "disc")) if values["disc.enabled"] else None
+    folder = values["data.source"] == "folder"
+    if folder and not values["data.path"]:
+        raise TerraInputError("data.path is required with data.source=folder; pass a folder, glob or video")
+    if values["disc.enabled"] and values["disc.ch"] % 16:  # GroupNorm of 32 groups over 2·ch channels
+        raise TerraInputError(f"disc.ch must be a multiple of 16 (got {values['disc.ch']}); e.g. disc.ch=64")
+    data = DataBlock(**{**block(values, "data"), "path": values["data.path"] if folder else None})
     return TokenizerTrainSpec(model=ModelBlock(**block(values, "model")), data=data,
                               train=_run(cfg, block(values, "train"), data), loss=LossBlock(**block(values, "loss")),
-                              disc=disc, record=plain(cfg))
-
-
-def block(values: dict[str, Any], name: str) -> dict[str, Any]:
-    """The checked settings of block ``name``, by their keys in it."""
-    return {key.partition(".")[2]: value for key, value in values.items() if key.startswith(f"{name}.")}
-
-
-def _frames(values: dict[str, Any]) -> DataBlock:
-    if values["source"] == "folder" and not values["path"]:
-        raise TerraInputError("data.path is required with data.source=folder; pass a folder, glob or video")
-    return DataBlock(**{**values, "path": values["path"] if values["source"] == "folder" else None})
+                              disc=DiscBlock(**block(values, "disc")) if values["disc.enabled"] else None,
+                              record=plain(cfg))
 
 
 def _run(cfg: DictConfig, values: dict[str, Any], data: DataBlock) -> TrainingRun:
@@ -155,10 +148,3 @@ def _run(cfg: DictConfig, values: dict[str, Any], data: DataBlock) -> TrainingRu
     export = claim_output_dir(required_path(cfg, "train.export_dir", "the trained tokenizer's folder"),
                               "train.export_dir", files=EXPORT_FILES, inputs=inputs, app=APP)
     return TrainingRun(output=output, export=export, **{**values, "export_dir": str(values["export_dir"])})
-
-
-def _disc(values: dict[str, Any]) -> DiscBlock:
-    """``disc.ch`` a multiple of 16 (GroupNorm of 32 groups over 2·ch channels)."""
-    if values["ch"] % 16:
-        raise TerraInputError(f"disc.ch must be a multiple of 16 (got {values['ch']}); e.g. disc.ch=64")
-    return DiscBlock(**values)

@@ -39,15 +39,15 @@ class Validation:
 
 def plan_validation(spec: TrainSpec, data: TrainingData, frames: int, processes: Processes) -> Validation:
     val = validation_windows(data.val, frames)
-    preview = spec.sample_gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
+    preview = spec.sample.gif and bool(val) and bool(data.tokenizer) and Path(data.tokenizer).is_dir()
     tokenizer = None
     if preview and processes.main:
         from terra.tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(data.tokenizer, device=processes.device)
-    if spec.sample_gif and val and not preview:
+    if spec.sample.gif and val and not preview:
         missing = f"the data's tokenizer {data.tokenizer or '(not recorded)'} is not a folder here"
-        if spec.export_best and spec.best_by == "val_psnr":
+        if spec.export.best and spec.export.best_by == "val_psnr":
             raise TerraInputError(f"export.best_by=val_psnr scores validation rollouts, and {missing}; "
                                   "use export.best_by=val_loss")
         if processes.main:
@@ -61,11 +61,11 @@ def validation_scores(spec: TrainSpec, trainee: Trainee, data: TrainingData, val
     began = time.perf_counter()
     val = validation.clips
     if log is not None:
-        rollouts = f" and greedy rollouts of {min(len(val), spec.sample_clips)}" if validation.preview else ""
+        rollouts = f" and greedy rollouts of {min(len(val), spec.sample.clips)}" if validation.preview else ""
         tqdm.write(f"validation at step {step}/{spec.max_steps}: loss on {len(val)} clips{rollouts} ...")
     scores = _losses(trainee, data, val, processes)
     if validation.preview:
-        scores["val_psnr"] = _rollout_psnr(spec, trainee, validation.tokenizer, data, val[:spec.sample_clips],
+        scores["val_psnr"] = _rollout_psnr(spec, trainee, validation.tokenizer, data, val[:spec.sample.clips],
                                            processes, spec.output_dir / SAMPLES_DIR / f"step{step:07d}.gif")
     if log is not None:
         tqdm.write(f"validation at step {step}/{spec.max_steps} done in {time.perf_counter() - began:.1f} s: "
@@ -114,7 +114,7 @@ def _rollout_psnr(spec: TrainSpec, trainee: Trainee, tokenizer, data: TrainingDa
     # float64: every process gets the score exactly as computed (float32 would round it)
     score = torch.zeros(1, dtype=torch.float64, device=processes.device)
     if model is not None:
-        context = min(spec.sample_context, trainee.frames - 1)
+        context = min(spec.sample.num_context, trainee.frames - 1)
         score += validation_rollouts(path, model, tokenizer, data.val, clips, trainee.frames, context, processes.device)
     return float(all_sum(score, processes).item())
 

@@ -206,7 +206,7 @@ def test_the_step_bar_counts_to_max_steps_with_the_time_left(tmp_path, capsys, m
     monkeypatch.setattr(sys.stderr, "isatty", lambda: True)  # a terminal: the bar (terra/core/progress.py)
     log = RunLog(tmp_path, 2, 10, tensorboard=False, progress=True)  # resumed at step 2
     for _ in range(3):
-        log.step()
+        log.bar.update(1)
     log.write({"step": 5, "loss": 1.25, "tokens_per_s": 1234.0})
     log.close()
     captured = capsys.readouterr()

@@ -1,4 +1,4 @@
-"""Training in less memory (terra/training/optimizer.py, terra/training/model.py) on tiny models and the CPU:
+"""Training in less memory (terra/training/run.py, terra/training/model.py) on tiny models and the CPU:
 torchao's 8-bit AdamW with bf16 weights and LoRA on a bf16 base with activation checkpointing follow the float32
 AdamW run's loss; a run that does not train (a learning rate of 1e-9) is told apart."""
 
@@ -15,8 +15,7 @@ from safetensors.torch import load_file
 from terra.core.errors import TerraInputError
 from terra.training.data import WindowSampler, load_training_data
 from terra.training.distributed import start_processes
-from terra.training.optimizer import make_optimizer
-from terra.training.run import train_step
+from terra.training.run import make_optimizer, train_step
 from terra.training.model import build_trainee
 from terra.training.settings import train_spec
 from tests.training.test_train import train, train_config
