@@ -66,8 +66,7 @@ def context_motion(scenario) -> np.ndarray:
 class EgodriverPolicy:
     """A driver behind ``egodriver.EgodriverService`` as a policy of the loop (one instance per drive)."""
 
-    def __init__(self, target: Any, name: str = "egodriver", timeout_s: float = 30.0, image_format: str = "PNG",
-                 own_channel: bool | None = None, seed: int = 0) -> None:
+    def __init__(self, target: Any, name: str = "egodriver", timeout_s: float = 30.0, seed: int = 0) -> None:
         import grpc
         from carla_driver_interface.protocol import EgodriverServiceStub, channel_options
 
@@ -75,9 +74,8 @@ class EgodriverPolicy:
         self.where = f"driver at {target}" if isinstance(target, str) else f"driver {name}"  # for error lines
         self._channel = grpc.insecure_channel(target, options=channel_options()) if isinstance(target, str) \
             else target
-        self._own = isinstance(target, str) if own_channel is None else own_channel
         self._stub = EgodriverServiceStub(self._channel)
-        self.timeout_s, self.image_format, self.seed = timeout_s, image_format, seed
+        self.timeout_s, self.seed = timeout_s, seed
         self.session = ""
         self._start_us = 0  # the first decision's time: the last context frame's
         self._history = np.zeros((0, 6))  # the context's ego history (context_motion), sent with the first plan
@@ -180,14 +178,13 @@ class EgodriverPolicy:
                 self._calls()(self._stub.close_session, DriveSessionCloseRequest(session_uuid=self.session))
         finally:
             self.session = ""
-            if self._own:
-                self._channel.close()
+            self._channel.close()
 
     def _encode(self, rgb: np.ndarray) -> bytes:
         from PIL import Image
 
         buffer = io.BytesIO()
-        Image.fromarray(np.asarray(rgb, dtype=np.uint8)).save(buffer, format=self.image_format)
+        Image.fromarray(np.asarray(rgb, dtype=np.uint8)).save(buffer, format="PNG")
         return buffer.getvalue()
 
 
@@ -195,7 +192,7 @@ def in_process(driver, name: str, timeout_s: float = 30.0) -> EgodriverPolicy:
     """A ``carla_driver_interface`` ``BaseDriver`` served in this process (alpasim mode) as a policy."""
     from carla_driver_interface.inprocess import in_process_channel
 
-    return EgodriverPolicy(in_process_channel(driver, mode="alpasim"), name, timeout_s, own_channel=True)
+    return EgodriverPolicy(in_process_channel(driver, mode="alpasim"), name, timeout_s)
 
 
 def reference_driver(name: str, cruise_speed_mps: float = 8.0):
