@@ -63,9 +63,7 @@ class SyntheticScenarios(SequenceABC):
     def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, index):  # a slice builds every scenario in it
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.count))]
+    def __getitem__(self, index: int) -> Scenario:
         if not -self.count <= index < self.count:
             raise IndexError(index)
         return self._built(index % self.count)
