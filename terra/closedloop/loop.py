@@ -10,16 +10,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from terra.closedloop.guard import CallLine, UserCall, UserCodeError, handed, user_call
-from terra.closedloop.car.motion import VEHICLES, Actuation, Vehicle, action_of
+from terra.closedloop.car.motion import DT_S, VEHICLES, Actuation, Vehicle, action_of
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
 from terra.closedloop.worlds import World
 from terra.core.errors import TerraInputError, error_line
-from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ
+from terra.contract.actions import ACTION_TIMES
 from terra.inputs.ego_motion import compose, to_ego
-
-DT_S = 1.0 / FRAME_RATE_HZ
-
 
 def drive_id(scenario_id: str, policy: str, replica: int = 0) -> str:
     """The id of a drive."""
