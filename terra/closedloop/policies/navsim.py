@@ -6,7 +6,7 @@ import importlib
 import inspect
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, make_dataclass
 from types import ModuleType
 from typing import Any, Callable, List, Mapping, Optional
 
@@ -73,18 +73,8 @@ class Camera:
     camera_path: Optional[Any] = None
 
 
-@dataclass
-class Cameras:
-    """navsim.common.dataclasses.Cameras: the eight cameras."""
-
-    cam_f0: Camera
-    cam_l0: Camera
-    cam_l1: Camera
-    cam_l2: Camera
-    cam_r0: Camera
-    cam_r1: Camera
-    cam_r2: Camera
-    cam_b0: Camera
+# navsim.common.dataclasses.Cameras: a Camera per name of CAMERAS
+Cameras = make_dataclass("Cameras", [(name, Camera) for name in CAMERAS], namespace={"__module__": __name__})
 
 
 @dataclass
