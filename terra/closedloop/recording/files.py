@@ -93,12 +93,6 @@ def file_stem(drive_id: str) -> str:
     return drive_id.replace(os.sep, "_")
 
 
-def drive_files(drive_id: str, videos: bool = True) -> list[str]:
-    """The files a drive writes: its video and its top-down picture (unless ``videos`` is False) and its JSON."""
-    stem = file_stem(drive_id)
-    return [f"{stem}.mp4", f"{stem}.png"] * videos + [f"{stem}.json"]
-
-
 def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bool = True, manifest: str = MANIFEST,
                        inputs: Inputs = (), setting: str = "output_dir") -> OutputDir:
     """The folder a run of drives (``drive_ids``) writes, checked before any work."""
@@ -108,7 +102,8 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
         if other != drive_id:
             raise TerraInputError(f"drives {shown(other, 80)} and {shown(drive_id, 80)} would write the same files; "
                                   "give the scenarios or policies distinct names")
-    names = [name for drive_id in drive_ids for name in drive_files(drive_id, videos)]
+    suffixes = (".mp4", ".png") * videos + (".json",)  # the video and top-down picture unless videos is False
+    names = [file_stem(drive_id) + suffix for drive_id in drive_ids for suffix in suffixes]
     return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs,
                             app=APP)
 
