@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import time
 import uuid
@@ -12,6 +11,7 @@ import numpy as np
 
 from terra.closedloop.plans import Observation, Plan, policy_seed
 from terra.core.errors import TerraInputError
+from terra.decoder.writers import encode_image
 from terra.inputs.ego_motion import action_arc, advance_pose, to_ego
 
 US = 1_000_000
@@ -149,7 +149,7 @@ class EgodriverPolicy:
                 image = RolloutCameraImage(session_uuid=self.session)
                 image.camera_image.logical_id = CAMERA_ID
                 image.camera_image.frame_start_us = image.camera_image.frame_end_us = taken_us
-                image.camera_image.image_bytes = self._encode(frame)
+                image.camera_image.image_bytes = encode_image(frame, "png")
                 call(self._stub.submit_image_observation, image)
         self._seen_us = now_us
 
@@ -179,13 +179,6 @@ class EgodriverPolicy:
         finally:
             self.session = ""
             self._channel.close()
-
-    def _encode(self, rgb: np.ndarray) -> bytes:
-        from PIL import Image
-
-        buffer = io.BytesIO()
-        Image.fromarray(np.asarray(rgb, dtype=np.uint8)).save(buffer, format="PNG")
-        return buffer.getvalue()
 
 
 def in_process(driver, name: str, timeout_s: float = 30.0) -> EgodriverPolicy:
