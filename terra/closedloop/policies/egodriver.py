@@ -39,16 +39,6 @@ def driver_target(entry: str) -> str:
     return address
 
 
-def _camera(width: int, height: int):
-    """The true world's front camera as a pinhole the contract declares."""
-    from carla_driver_interface.testing import FakeCamera
-
-    from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
-
-    return FakeCamera(CAMERA_ID, width, height, float(np.degrees(CAMERA_HFOV_RAD)), x=0.0, y=0.0,
-                      z=CAMERA_HEIGHT_M, pitch_down_deg=float(np.degrees(CAMERA_PITCH_RAD)))
-
-
 def context_motion(scenario) -> np.ndarray:
     """``[n - 1, 6]`` ego history of the context frames: pose (x, y, yaw), speed, yaw rate and acceleration."""
     poses = [(0.0, 0.0, 0.0)]
@@ -99,15 +89,20 @@ class EgodriverPolicy:
     def reset(self, scenario) -> None:
         from carla_driver_interface.contract import contract_metadata, negotiate
         from carla_driver_interface.protocol import DriveSessionRequest
+        from carla_driver_interface.testing import FakeCamera
+
+        from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
 
         call = self._calls()
         height, width = scenario.images.shape[1:3]
+        # the true world's front camera as a pinhole the contract declares
+        camera = FakeCamera(CAMERA_ID, width, height, float(np.degrees(CAMERA_HFOV_RAD)), x=0.0, y=0.0,
+                            z=CAMERA_HEIGHT_M, pitch_down_deg=float(np.degrees(CAMERA_PITCH_RAD)))
         _, revision = call(lambda timeout: negotiate(self._stub, timeout=timeout))
         session = str(uuid.uuid4())
-        request = DriveSessionRequest(session_uuid=session,
-                                      random_seed=policy_seed(self.seed, scenario.id, self.name))
+        request = DriveSessionRequest(session_uuid=session, random_seed=policy_seed(self.seed, scenario.id, self.name))
         request.debug_info.scene_id = scenario.id
-        request.rollout_spec.vehicle.available_cameras.append(_camera(width, height).available_camera(revision))
+        request.rollout_spec.vehicle.available_cameras.append(camera.available_camera(revision))
         call(self._stub.start_session, request, metadata=contract_metadata(revision))
         self.session = session  # a session the driver opened, and so closes
         self._start_us = (len(scenario.images) - 1) * STEP_US
