@@ -175,11 +175,8 @@ def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s:
         told = getattr(world, "route_source", None)
         drive.route_source = None if told is None else told(drive.handle)
         context = world.context_frames(drive.handle)
-    except UserCodeError as err:
-        drive.fail("setup", str(err))
-        return drive
-    except Exception as err:  # noqa: BLE001  (a bad scenario ends its drive only)
-        drive.fail("setup", error_line(err))
+    except Exception as err:  # noqa: BLE001  (a bad scenario ends its drive only; user code's line as it is)
+        drive.fail("setup", str(err) if isinstance(err, UserCodeError) else error_line(err))
         return drive
     drive.frames, drive.num_context = list(context), len(context)
     drive.poses, drive.speeds = [drive.vehicle.pose], [drive.vehicle.speed]
