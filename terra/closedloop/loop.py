@@ -10,16 +10,13 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from terra.closedloop.guard import CallLine, UserCall, UserCodeError, handed, user_call
-from terra.closedloop.car.motion import VEHICLES, Actuation, Vehicle, action_of
+from terra.closedloop.car.motion import DT_S, VEHICLES, Actuation, Vehicle, action_of
 from terra.closedloop.plans import EgoStatus, Observation, Plan, Policy, as_plan
 from terra.closedloop.scenarios import Scenario, command_of
 from terra.closedloop.worlds import World
 from terra.core.errors import TerraInputError, error_line
-from terra.contract.actions import ACTION_TIMES, FRAME_RATE_HZ
+from terra.contract.actions import ACTION_TIMES
 from terra.inputs.ego_motion import compose, to_ego
-
-DT_S = 1.0 / FRAME_RATE_HZ
-
 
 def drive_id(scenario_id: str, policy: str, replica: int = 0) -> str:
     """The id of a drive."""
@@ -178,11 +175,8 @@ def start_drive(world: World, spec: DriveSpec, num_steps: int, policy_timeout_s:
         told = getattr(world, "route_source", None)
         drive.route_source = None if told is None else told(drive.handle)
         context = world.context_frames(drive.handle)
-    except UserCodeError as err:
-        drive.fail("setup", str(err))
-        return drive
-    except Exception as err:  # noqa: BLE001  (a bad scenario ends its drive only)
-        drive.fail("setup", error_line(err))
+    except Exception as err:  # noqa: BLE001  (a bad scenario ends its drive only; user code's line as it is)
+        drive.fail("setup", str(err) if isinstance(err, UserCodeError) else error_line(err))
         return drive
     drive.frames, drive.num_context = list(context), len(context)
     drive.poses, drive.speeds = [drive.vehicle.pose], [drive.vehicle.speed]

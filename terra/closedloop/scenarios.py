@@ -236,7 +236,6 @@ def synthetic_id(seed: int, index: int) -> str:
 
 
 def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_context: int = 3,
-                        speed_kmh: tuple[float, float] = (20.0, 40.0), domain: str = "day",
                         indices: Iterable[int] | None = None) -> list[Scenario]:
     """``count`` scenarios of the true world (or those at ``indices`` of them)."""
     rng = np.random.default_rng([int(seed), 0xD21E])
@@ -244,10 +243,10 @@ def synthetic_scenarios(count: int, seed: int, image_size: Sequence[int], num_co
     out = []
     for i in range(count):
         scene_seed = int(rng.integers(2**31))  # every scenario's draws, so that a subset is the same scenarios
-        speed, start_s = float(rng.uniform(*speed_kmh)), float(rng.uniform(10.0, 200.0))
+        speed, start_s = float(rng.uniform(20.0, 40.0)), float(rng.uniform(10.0, 200.0))
         if i not in chosen:
             continue
-        scene = Scene.generate(scene_seed, SCENE_LENGTH_M, domain)
+        scene = Scene.generate(scene_seed, SCENE_LENGTH_M)
         t = np.arange(0.0, (num_context - 1) / FRAME_RATE_HZ + FUTURE_S + 0.05, 0.01)
         poses = scene.lane_pose(start_s + speed / 3.6 * t)
         trajectory = EgoTrajectory(t=t, x=poses[:, 0], y=poses[:, 1], yaw=np.unwrap(poses[:, 2]))

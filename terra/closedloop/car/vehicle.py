@@ -60,16 +60,14 @@ def integrate(state: VehicleState, steer_cmd: float, accel_cmd: float, duration:
         blocked = (v <= 0.0 and accel < 0.0) or (v >= top and accel > 0.0)
         yaw_rate1 = v * tan(steer) / base
         speed_rate1 = 0.0 if blocked else accel
-        steer_rate1 = (steer_cmd - steer) / steer_lag
-        steer_rate1 = -rate if steer_rate1 < -rate else rate if steer_rate1 > rate else steer_rate1
+        steer_rate1 = _clip((steer_cmd - steer) / steer_lag, -rate, rate)
         accel_rate1 = (accel_cmd - accel) / accel_lag
         # k2, at the midpoint
         speed2, yaw2 = speed + 0.5 * h * speed_rate1, yaw + 0.5 * h * yaw_rate1
         steer2, accel2 = steer + 0.5 * h * steer_rate1, accel + 0.5 * h * accel_rate1
         v = 0.0 if speed2 < 0.0 else top if speed2 > top else speed2
         blocked = (v <= 0.0 and accel2 < 0.0) or (v >= top and accel2 > 0.0)
-        steer_rate2 = (steer_cmd - steer2) / steer_lag
-        steer_rate2 = -rate if steer_rate2 < -rate else rate if steer_rate2 > rate else steer_rate2
+        steer_rate2 = _clip((steer_cmd - steer2) / steer_lag, -rate, rate)
         x, y, yaw = x + h * (v * cos(yaw2)), y + h * (v * sin(yaw2)), yaw + h * (v * tan(steer2) / base)
         speed = _clip(speed + h * (0.0 if blocked else accel2), 0.0, top)
         steer = _clip(steer + h * steer_rate2, -lock, lock)

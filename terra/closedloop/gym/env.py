@@ -54,18 +54,14 @@ class SyntheticScenarios(SequenceABC):
     """``count`` synthetic scenarios drawn with ``seed`` at ``size``, each built lazily on first reset."""
 
     def __init__(self, count: int, seed: int, size: tuple[int, int]) -> None:
-        self.count, self.seed, self.size = count, seed, size
-        self._built = functools.lru_cache(maxsize=KEPT_SCENARIOS)(self._build)
-
-    def _build(self, index: int) -> Scenario:
-        return synthetic_scenarios(self.count, self.seed, self.size, indices=[index])[0]
+        self.count = count
+        self._built = functools.lru_cache(maxsize=KEPT_SCENARIOS)(
+            lambda index: synthetic_scenarios(count, seed, size, indices=[index])[0])
 
     def __len__(self) -> int:
         return self.count
 
-    def __getitem__(self, index):  # a slice builds every scenario in it
-        if isinstance(index, slice):
-            return [self[i] for i in range(*index.indices(self.count))]
+    def __getitem__(self, index: int) -> Scenario:
         if not -self.count <= index < self.count:
             raise IndexError(index)
         return self._built(index % self.count)

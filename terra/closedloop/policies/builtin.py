@@ -187,17 +187,10 @@ def policy_factories(names: Sequence[str], timeout_s: float = 30.0, seed: int = 
 
 
 def _factory(entry: str, timeout_s: float, seed: int, args: Mapping[str, Any] | None) -> Callable[[], Policy]:
-    if entry.startswith("grpc:") or entry.startswith("unix:"):
-        from terra.closedloop.policies.egodriver import driver_target
+    if entry.startswith(("grpc:", "unix:")):
+        from terra.closedloop.policies.egodriver import EgodriverPolicy, driver_target
 
-        target = driver_target(entry)  # checked now, before any drive
-
-        def remote() -> Policy:
-            from terra.closedloop.policies.egodriver import EgodriverPolicy
-
-            return EgodriverPolicy(target, entry, timeout_s, seed=seed)
-
-        return remote
+        return partial(EgodriverPolicy, driver_target(entry), entry, timeout_s, seed=seed)  # the target checked now
     if entry.startswith("navsim:"):
         from terra.closedloop.policies.navsim import agent_factory
 

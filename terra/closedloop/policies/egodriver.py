@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import os
 import time
 import uuid
@@ -12,6 +11,7 @@ import numpy as np
 
 from terra.closedloop.plans import Observation, Plan, policy_seed
 from terra.core.errors import TerraInputError
+from terra.decoder.writers import encode_image
 from terra.inputs.ego_motion import action_arc, advance_pose, to_ego
 
 US = 1_000_000
@@ -39,16 +39,6 @@ def driver_target(entry: str) -> str:
     return address
 
 
-def _camera(width: int, height: int):
-    """The true world's front camera as a pinhole the contract declares."""
-    from carla_driver_interface.testing import FakeCamera
-
-    from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
-
-    return FakeCamera(CAMERA_ID, width, height, float(np.degrees(CAMERA_HFOV_RAD)), x=0.0, y=0.0,
-                      z=CAMERA_HEIGHT_M, pitch_down_deg=float(np.degrees(CAMERA_PITCH_RAD)))
-
-
 def context_motion(scenario) -> np.ndarray:
     """``[n - 1, 6]`` ego history of the context frames: pose (x, y, yaw), speed, yaw rate and acceleration."""
     poses = [(0.0, 0.0, 0.0)]
@@ -66,8 +56,7 @@ def context_motion(scenario) -> np.ndarray:
 class EgodriverPolicy:
     """A driver behind ``egodriver.EgodriverService`` as a policy of the loop (one instance per drive)."""
 
-    def __init__(self, target: Any, name: str = "egodriver", timeout_s: float = 30.0, image_format: str = "PNG",
-                 own_channel: bool | None = None, seed: int = 0) -> None:
+    def __init__(self, target: Any, name: str = "egodriver", timeout_s: float = 30.0, seed: int = 0) -> None:
         import grpc
         from carla_driver_interface.protocol import EgodriverServiceStub, channel_options
 
@@ -75,9 +64,8 @@ class EgodriverPolicy:
         self.where = f"driver at {target}" if isinstance(target, str) else f"driver {name}"  # for error lines
         self._channel = grpc.insecure_channel(target, options=channel_options()) if isinstance(target, str) \
             else target
-        self._own = isinstance(target, str) if own_channel is None else own_channel
         self._stub = EgodriverServiceStub(self._channel)
-        self.timeout_s, self.image_format, self.seed = timeout_s, image_format, seed
+        self.timeout_s, self.seed = timeout_s, seed
         self.session = ""
         self._start_us = 0  # the first decision's time: the last context frame's
         self._history = np.zeros((0, 6))  # the context's ego history (context_motion), sent with the first plan
@@ -101,15 +89,20 @@ class EgodriverPolicy:
     def reset(self, scenario) -> None:
         from carla_driver_interface.contract import contract_metadata, negotiate
         from carla_driver_interface.protocol import DriveSessionRequest
+        from carla_driver_interface.testing import FakeCamera
+
+        from terra.sim.camera import CAMERA_HEIGHT_M, CAMERA_HFOV_RAD, CAMERA_PITCH_RAD
 
         call = self._calls()
         height, width = scenario.images.shape[1:3]
+        # the true world's front camera as a pinhole the contract declares
+        camera = FakeCamera(CAMERA_ID, width, height, float(np.degrees(CAMERA_HFOV_RAD)), x=0.0, y=0.0,
+                            z=CAMERA_HEIGHT_M, pitch_down_deg=float(np.degrees(CAMERA_PITCH_RAD)))
         _, revision = call(lambda timeout: negotiate(self._stub, timeout=timeout))
         session = str(uuid.uuid4())
-        request = DriveSessionRequest(session_uuid=session,
-                                      random_seed=policy_seed(self.seed, scenario.id, self.name))
+        request = DriveSessionRequest(session_uuid=session, random_seed=policy_seed(self.seed, scenario.id, self.name))
         request.debug_info.scene_id = scenario.id
-        request.rollout_spec.vehicle.available_cameras.append(_camera(width, height).available_camera(revision))
+        request.rollout_spec.vehicle.available_cameras.append(camera.available_camera(revision))
         call(self._stub.start_session, request, metadata=contract_metadata(revision))
         self.session = session  # a session the driver opened, and so closes
         self._start_us = (len(scenario.images) - 1) * STEP_US
@@ -151,7 +144,7 @@ class EgodriverPolicy:
                 image = RolloutCameraImage(session_uuid=self.session)
                 image.camera_image.logical_id = CAMERA_ID
                 image.camera_image.frame_start_us = image.camera_image.frame_end_us = taken_us
-                image.camera_image.image_bytes = self._encode(frame)
+                image.camera_image.image_bytes = encode_image(frame, "png")
                 call(self._stub.submit_image_observation, image)
         self._seen_us = now_us
 
@@ -180,22 +173,14 @@ class EgodriverPolicy:
                 self._calls()(self._stub.close_session, DriveSessionCloseRequest(session_uuid=self.session))
         finally:
             self.session = ""
-            if self._own:
-                self._channel.close()
-
-    def _encode(self, rgb: np.ndarray) -> bytes:
-        from PIL import Image
-
-        buffer = io.BytesIO()
-        Image.fromarray(np.asarray(rgb, dtype=np.uint8)).save(buffer, format=self.image_format)
-        return buffer.getvalue()
+            self._channel.close()
 
 
 def in_process(driver, name: str, timeout_s: float = 30.0) -> EgodriverPolicy:
     """A ``carla_driver_interface`` ``BaseDriver`` served in this process (alpasim mode) as a policy."""
     from carla_driver_interface.inprocess import in_process_channel
 
-    return EgodriverPolicy(in_process_channel(driver, mode="alpasim"), name, timeout_s, own_channel=True)
+    return EgodriverPolicy(in_process_channel(driver, mode="alpasim"), name, timeout_s)
 
 
 def reference_driver(name: str, cruise_speed_mps: float = 8.0):

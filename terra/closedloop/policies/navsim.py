@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
-from dataclasses import asdict, dataclass, field
+import sys
+from dataclasses import asdict, dataclass, field, make_dataclass
+from types import ModuleType
 from typing import Any, Callable, List, Mapping, Optional
 
 import numpy as np
@@ -20,6 +23,7 @@ NUM_HISTORY_FRAMES = 4  # NAVSIM's SceneFilter.num_history_frames: 1.5 s of hist
 CAMERAS = ("cam_f0", "cam_l0", "cam_l1", "cam_l2", "cam_r0", "cam_r1", "cam_r2", "cam_b0")
 SENSORS = (*CAMERAS, "lidar_pc")  # navsim.common.dataclasses.SensorConfig's fields
 RENDERED = "cam_f0"  # the one sensor the world renders
+NUPLAN_SAMPLING = "nuplan.planning.simulation.trajectory.trajectory_sampling"  # NAVSIM's agents take its class
 NAVSIM_SAMPLING = {"time_horizon": 4.0, "interval_length": 0.5}  # NAVSIM's default: 8 poses over 4 s
 
 
@@ -69,18 +73,8 @@ class Camera:
     camera_path: Optional[Any] = None
 
 
-@dataclass
-class Cameras:
-    """navsim.common.dataclasses.Cameras: the eight cameras."""
-
-    cam_f0: Camera
-    cam_l0: Camera
-    cam_l1: Camera
-    cam_l2: Camera
-    cam_r0: Camera
-    cam_r1: Camera
-    cam_r2: Camera
-    cam_b0: Camera
+# navsim.common.dataclasses.Cameras: a Camera per name of CAMERAS
+Cameras = make_dataclass("Cameras", [(name, Camera) for name in CAMERAS], namespace={"__module__": __name__})
 
 
 @dataclass
@@ -111,15 +105,11 @@ class AgentInput:
     lidars: List[Lidar] = field(default_factory=list)
 
 
-def dataclasses_module():
-    """NAVSIM's own dataclasses module when installed, else this module (the same names and fields)."""
+def installed(module: str) -> ModuleType:
+    """``module`` (NAVSIM's or nuplan's) when installed, else this module: the same names and fields."""
     try:
-        from navsim.common import dataclasses as navsim_dataclasses
-
-        return navsim_dataclasses
+        return importlib.import_module(module)
     except ImportError:
-        import sys
-
         return sys.modules[__name__]
 
 
@@ -129,16 +119,6 @@ def front_camera(image: np.ndarray, classes) -> Any:
                           sensor2lidar_translation=np.array([0.0, 0.0, CAMERA_HEIGHT_M], dtype=np.float32),
                           intrinsics=FrontCamera(*image.shape[:2]).intrinsics().astype(np.float32),
                           distortion=np.zeros(5, dtype=np.float32))
-
-
-def sampling_class() -> type:
-    """nuplan's ``TrajectorySampling`` when installed (NAVSIM's agents use it), else :class:`TrajectorySampling`."""
-    try:
-        from nuplan.planning.simulation.trajectory.trajectory_sampling import TrajectorySampling as nuplan_sampling
-
-        return nuplan_sampling
-    except ImportError:
-        return TrajectorySampling
 
 
 def _signature(cls: type) -> inspect.Signature | None:
@@ -187,7 +167,7 @@ def agent_factory(entry: str, args: Mapping[str, Any] | None = None, timeout_s: 
         sampling = kwargs.get("trajectory_sampling")
         if isinstance(sampling, Mapping):
             try:
-                kwargs["trajectory_sampling"] = sampling_class()(**sampling)
+                kwargs["trajectory_sampling"] = installed(NUPLAN_SAMPLING).TrajectorySampling(**sampling)
             except TerraInputError as err:  # trajectory_sampling: ... -> navsim_args.CLASS.trajectory_sampling: ...
                 raise TerraInputError(f"navsim_args.{name}.{err}") from None
         return cls(**kwargs)
@@ -221,7 +201,7 @@ class NavsimPolicy:
                                   "annotations and future), which a drive in this world does not have; give an agent "
                                   "that plans from its AgentInput")
         self.front_frames = self._front_frames()
-        self.classes = dataclasses_module()
+        self.classes = installed("navsim.common.dataclasses")
         self._initialized = False
 
     def _front_frames(self) -> frozenset[int]:

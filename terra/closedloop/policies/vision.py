@@ -29,10 +29,10 @@ Detector = Callable[[np.ndarray], "LaneView | None"]
 SteeringLaw = Callable[[LaneView, float], float]
 
 
-def arc_plan(curvature: float, speed_mps: float, steps: int = PLAN_STEPS, dt: float = PLAN_DT_S) -> Plan:
+def arc_plan(curvature: float, speed_mps: float) -> Plan:
     """Poses along a circular arc of ``curvature`` (1/m, left positive) at ``speed_mps``, 10 Hz for 4 s."""
-    x, y, heading = along_arc(curvature, speed_mps * dt * np.arange(1, steps + 1))
-    return Plan.trajectory(np.stack([x, y, heading], axis=-1), dt=dt)
+    x, y, heading = along_arc(curvature, speed_mps * PLAN_DT_S * np.arange(1, PLAN_STEPS + 1))
+    return Plan.trajectory(np.stack([x, y, heading], axis=-1), dt=PLAN_DT_S)
 
 
 def find_centre_line(frame: np.ndarray) -> LaneEstimate | None:

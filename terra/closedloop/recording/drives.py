@@ -153,9 +153,8 @@ def load_specs(settings: DriveSettings, image_size: tuple[int, int]) -> list[Dri
     """The run's drives, their scenarios read (only those the drives start from)."""
     indices = settings.scenario_indices
     scenarios = settings.scenarios.load(image_size, settings.run.num_context, settings.run.resize, indices)
-    wanted = set(settings.drive_ids)
-    specs = drive_specs(scenarios, settings.policies, settings.seed, indices, settings.policy_args, settings.num_seeds)
-    return [spec for spec in specs if spec.id in wanted]
+    return specs_of(drive_specs(scenarios, settings.policies, settings.seed, indices, settings.policy_args,
+                                settings.num_seeds), settings.drive_ids)
 
 
 @dataclass

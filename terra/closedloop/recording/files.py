@@ -33,7 +33,6 @@ from terra.core.errors import TerraInputError
 from terra.decoder.sidecar import to_jsonable
 from terra.decoder.writers import write_video
 from terra.inputs.ego_motion import to_world
-from terra.roads import Road
 
 
 MARGIN_M = 30.0
@@ -43,35 +42,24 @@ ROUTE_COLOR = "#ff3ce6"
 PATH_COLOR = "#1f6fd0"
 
 
-def scenario_road(drive: Drive) -> Road | None:
-    """The road the drive's scenario tells routes from: its map's, else its scene's; None where neither is known."""
-    scenario = drive.spec.scenario
-    if scenario.road is not None:
-        return scenario.road
-    if scenario.scene is not None:
-        from terra.sim.scene import scene_road
-
-        return scene_road(scenario.scene)
-    return None
-
-
 def topdown_png(drive: Drive) -> bytes:
     """The drive's top-down picture as PNG bytes (matplotlib's Agg canvas, no pyplot state)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
 
-    poses = drive.world_poses()
+    from terra.sim.scene import scene_road
+
+    poses, scenario = drive.world_poses(), drive.spec.scenario
     shown = [poses[:, :2]]
     figure = Figure(figsize=(6, 6), dpi=100)
     FigureCanvasAgg(figure)
     axes = figure.add_subplot()
-    road = scenario_road(drive)
-    if road is not None:
+    road = scenario.road if scenario.road is not None or scenario.scene is None else scene_road(scenario.scene)
+    if road is not None:  # the map's road, else the scene's
         axes.add_collection(LineCollection(list(road.boundaries), colors="0.2", linewidths=1.5, label="road edge"))
         axes.add_collection(LineCollection([road.lane_points(i) for i in range(len(road))], colors="0.6",
                                            linewidths=0.8, linestyles="--", label="lane centres"))
-    scenario = drive.spec.scenario
     if drive.route_source is not None and drive.route_source == scenario.route_source:
         at = poses[::ROUTE_EVERY]
         routes = scenario.model_routes(at, ROUTE_POINTS)
@@ -105,12 +93,6 @@ def file_stem(drive_id: str) -> str:
     return drive_id.replace(os.sep, "_")
 
 
-def drive_files(drive_id: str, videos: bool = True) -> list[str]:
-    """The files a drive writes: its video and its top-down picture (unless ``videos`` is False) and its JSON."""
-    stem = file_stem(drive_id)
-    return [f"{stem}.mp4", f"{stem}.png"] * videos + [f"{stem}.json"]
-
-
 def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bool = True, manifest: str = MANIFEST,
                        inputs: Inputs = (), setting: str = "output_dir") -> OutputDir:
     """The folder a run of drives (``drive_ids``) writes, checked before any work."""
@@ -120,7 +102,8 @@ def claim_drive_folder(path: str | os.PathLike, drive_ids: list[str], videos: bo
         if other != drive_id:
             raise TerraInputError(f"drives {shown(other, 80)} and {shown(drive_id, 80)} would write the same files; "
                                   "give the scenarios or policies distinct names")
-    names = [name for drive_id in drive_ids for name in drive_files(drive_id, videos)]
+    suffixes = (".mp4", ".png") * videos + (".json",)  # the video and top-down picture unless videos is False
+    names = [file_stem(drive_id) + suffix for drive_id in drive_ids for suffix in suffixes]
     return claim_output_dir(path, setting, files=[manifest, summary_name(manifest), *names], inputs=inputs,
                             app=APP)
 
