@@ -112,10 +112,8 @@ class RefinerConfig:
 
     def temporal_vae_kwargs(self) -> dict[str, Any]:
         """Arguments of ``diffusers.AutoencoderKLTemporalDecoder``: the first-stage (temporal) autoencoder."""
-        return {"in_channels": 3, "out_channels": 3,
-                "down_block_types": ("DownEncoderBlock2D",) * len(self.vae_channels),
-                "block_out_channels": self.vae_channels, "layers_per_block": self.vae_layers_per_block,
-                "latent_channels": self.latent_channels, "scaling_factor": self.scale_factor}
+        kwargs = {k: v for k, v in self.encoder_kwargs().items() if k != "up_block_types"}  # its decoder is temporal
+        return {**kwargs, "scaling_factor": self.scale_factor}
 
 
 TERRA = RefinerConfig()  # the published refiner (1.53 B UNet parameters)
