@@ -40,6 +40,8 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
 
     model_type: ClassVar[str] = ""
     image_size: tuple[int, int]  # (H, W) the tokenizer works at
+    downsample_factor: int  # pixels per code along each axis
+    codebook_size: int  # codes are integers in [0, codebook_size)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -52,16 +54,6 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         self.config["model_type"] = self.model_type
 
     # ------------------------------------------------------------------------------------------ sizes
-    @property
-    @abstractmethod
-    def downsample_factor(self) -> int:
-        """Pixels per code along each axis."""
-
-    @property
-    @abstractmethod
-    def codebook_size(self) -> int:
-        """Codes are integers in ``[0, codebook_size)``."""
-
     @property
     def grid_shape(self) -> tuple[int, int]:
         """``(h, w)`` codes per image at :attr:`image_size`."""

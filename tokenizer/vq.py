@@ -77,16 +77,10 @@ class VQTokenizer(ImageTokenizer):
                                         bool(c["codebook_l2_norm"]))
         self.quant_conv = nn.Conv2d(int(c["z_channels"]), int(c["codebook_embed_dim"]), 1)
         self.post_quant_conv = nn.Conv2d(int(c["codebook_embed_dim"]), int(c["z_channels"]), 1)
+        self.downsample_factor = 2 ** (len(c["encoder_ch_mult"]) - 1)
+        self.codebook_size = int(c["codebook_size"])
         self.image_size = tuple(int(v) for v in c["image_size"])
         self._check_image_size()
-
-    @property
-    def downsample_factor(self) -> int:
-        return 2 ** (len(self.encoder.conv_blocks) - 1)
-
-    @property
-    def codebook_size(self) -> int:
-        return int(self.config["codebook_size"])
 
     def encode_latent(self, images: torch.Tensor) -> torch.Tensor:
         return self.quant_conv(self.encoder(images))
