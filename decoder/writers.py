@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -141,11 +140,8 @@ def write_png_sequence(directory: str | os.PathLike, frames: np.ndarray) -> list
         with atomic_output(target) as tmp:  # creates the folder
             iio.imwrite(tmp, frame, extension=".png")
         paths.append(target)
-    stale = re.compile(r"^frame_(\d{5})\.png$")
-    for old in directory.iterdir():
-        match = stale.match(old.name)
-        if match and int(match.group(1)) >= len(frames):
-            old.unlink()
+    for old in set(directory.glob("frame_[0-9][0-9][0-9][0-9][0-9].png")) - set(paths):
+        old.unlink()
     return paths
 
 

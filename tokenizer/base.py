@@ -261,20 +261,17 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    for name in (WEIGHTS_NAME, TORCH_WEIGHTS_NAME):
-        file = folder / name
-        if not file.is_file():
-            continue
-        try:
-            if name == WEIGHTS_NAME:
-                return load_file(file)
-            return torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as err:  # safetensors / pickle raise their own types for truncated or foreign files
-            raise TerraInputError(
-                f"tokenizer weights {file} cannot be read ({error_reason(err)}); the file is truncated or corrupt: "
-                "download or copy it again"
-            ) from None
-    raise TerraInputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by save_pretrained")
+    file = next((folder / n for n in (WEIGHTS_NAME, TORCH_WEIGHTS_NAME) if (folder / n).is_file()), None)
+    if file is None:
+        raise TerraInputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by "
+                              "save_pretrained")
+    try:
+        return load_file(file) if file.name == WEIGHTS_NAME else torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # safetensors / pickle raise their own types for truncated or foreign files
+        raise TerraInputError(
+            f"tokenizer weights {file} cannot be read ({error_reason(err)}); the file is truncated or corrupt: "
+            "download or copy it again"
+        ) from None
 
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel's and torch.compile's
