@@ -20,7 +20,7 @@ from terra.core.atomic import atomic_path
 from terra.decoder.frames import images_to_uint8
 from terra.decoder.refiner.checkpoint import WRAPPER_PREFIX, key_table, match_tensors, read_state_dict
 from terra.decoder.refiner.config import DECODER_MID_RES_BLOCKS, UNET_RES_BLOCK_EPS, RefinerConfig
-from terra.decoder.refiner.sampler import decode_windows, guidance_scales, plan_passes, sample_pass
+from terra.decoder.refiner.sampler import decode_windows, denoise, guidance_scales, plan_passes
 from terra.tokenizer.base import ImageTokenizer
 
 
@@ -112,7 +112,10 @@ class VideoRefiner(nn.Module):
         with self._timed(timings, "unet_s"):
             for start, end, drop in plan_passes(len(codes), config.num_frames, config.min_overlap):
                 scales = guidance_scales(end - start, config.num_frames, config.min_guidance, config.max_guidance)
-                latents.append(sample_pass(self, cond[start:end], scales, generator, progress)[drop:])
+                window = cond[start:end]
+                noise = torch.randn((1, *window.shape), generator=generator, dtype=torch.float32).to(window.device)
+                uncond = None if config.guidance == "published" else torch.zeros_like(window)
+                latents.append(denoise(self, noise, window, uncond, scales, progress)[0, drop:])
         with self._timed(timings, "temporal_decode_s"):
             frames = (self.decode_latents(torch.cat(latents)) if latents
                       else torch.zeros(0, 3, config.height, config.width))

@@ -150,8 +150,7 @@ def create_app(service: SessionService) -> FastAPI:
             raise TerraInputError("the body must be {\"action\": ..., \"codes\": false}, e.g. "
                                   "{\"action\": {\"steer\": 0, \"speed_kmh\": 30}}")
         frame, image, header = await service.step(entry, parse_action(body["action"]))
-        mime = "image/jpeg" if settings.image_format == "jpeg" else "image/png"
-        header["image"] = f"data:{mime};base64,{base64.b64encode(image).decode()}"
+        header["image"] = f"data:image/{settings.image_format};base64,{base64.b64encode(image).decode()}"
         if body.get("codes") is True:
             header["codes"] = frame.codes.tolist()
         return header

@@ -78,9 +78,8 @@ class RequestGuard:
         if parsed is None:
             return False
         name, given = parsed
-        for entry in self.hosts:  # serve.allowed_hosts: "name" on any port, "name:port" on that one
-            if entry[0] == name and entry[1] in (None, given):
-                return True
+        if (name, None) in self.hosts or (name, given) in self.hosts:  # serve.allowed_hosts: any port, or given's
+            return True
         if given not in (None, port):
             return False
         if name in ("localhost", self.bound):

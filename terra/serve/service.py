@@ -194,10 +194,9 @@ class SessionService:
     async def context_image(self, entry: Entry) -> str:
         """The session's last context frame as the model sees it, as a data URL."""
         session = entry.session
-        rgb = await self._run(lambda: self.host.decode(session.context.codes[-1:])[0])
-        image = await self._run(lambda: encode_image(rgb, self.settings.image_format, self.settings.jpeg_quality))
-        mime = "image/jpeg" if self.settings.image_format == "jpeg" else "image/png"
-        return f"data:{mime};base64,{base64.b64encode(image).decode()}"
+        image = await self._run(lambda: encode_image(self.host.decode(session.context.codes[-1:])[0],
+                                                     self.settings.image_format, self.settings.jpeg_quality))
+        return f"data:image/{self.settings.image_format};base64,{base64.b64encode(image).decode()}"
 
     def _render(self, session: Session, result) -> tuple[Frame, bytes, float]:
         frame = session.frame(result)
