@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
@@ -28,13 +29,9 @@ def _chunks(value: Any):
 
 def count_non_finite(value: Any) -> int:
     """How many elements of a floating-point ``value`` are NaN or infinite."""
-    if _is_torch(value):
-        import torch
-
-        return sum(int((~torch.isfinite(part)).sum()) for part in _chunks(value)
-                   if not bool(torch.isfinite(part.sum(dtype=torch.float64))))
-    return sum(int((~np.isfinite(part)).sum()) for part in _chunks(value)
-               if not np.isfinite(np.sum(part, dtype=np.float64)))
+    lib = importlib.import_module("torch") if _is_torch(value) else np  # torch is loaded when value is a tensor
+    return sum(int((~lib.isfinite(part)).sum()) for part in _chunks(value)
+               if not bool(lib.isfinite(part.sum(dtype=lib.float64))))
 
 
 def check_floats(value: Any, where: str, fix: str) -> None:

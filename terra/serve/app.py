@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import logging
@@ -171,8 +170,7 @@ def create_app(service: SessionService) -> FastAPI:
         if format not in VIDEO_FORMATS:
             raise TerraInputError(f"format must be one of {', '.join(VIDEO_FORMATS)} (got {format!r})")
         session = entry.session
-        data = await asyncio.get_running_loop().run_in_executor(
-            service.pool, lambda: video_bytes(session.video(), session.num_context, format))
+        data = await service.run(lambda: video_bytes(session.video(), session.num_context, format))
         headers = {"Content-Disposition": f'attachment; filename="terra-{session.id}.{format}"'}
         return Response(data, media_type=VIDEO_FORMATS[format], headers=headers)
 

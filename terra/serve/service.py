@@ -94,7 +94,7 @@ class SessionService:
                              f"to expire")
         self._opening += 1
         try:
-            session = await self._run(lambda: self._open(spec, sampling))
+            session = await self.run(lambda: self._open(spec, sampling))
         finally:
             self._opening -= 1
         entry = Entry(session)
@@ -154,7 +154,7 @@ class SessionService:
         self._opening += 1
         try:
             async with entry.lock:
-                twin = await self._run(entry.session.fork)
+                twin = await self.run(entry.session.fork)
         finally:
             self._opening -= 1
         self.entries[twin.id] = Entry(twin)
@@ -162,7 +162,7 @@ class SessionService:
 
     async def reset(self, entry: Entry) -> None:
         async with entry.lock:
-            await self._run(entry.session.reset)
+            await self.run(entry.session.reset)
             entry.touch()
 
     async def step(self, entry: Entry, action: np.ndarray) -> tuple[Frame, bytes, dict[str, Any]]:
@@ -177,7 +177,7 @@ class SessionService:
                 started = time.perf_counter()
                 future = entry.session.step_async(action)
                 result = await asyncio.wrap_future(future)
-                frame, image, encode_s = await self._run(lambda: self._render(entry.session, result))
+                frame, image, encode_s = await self.run(lambda: self._render(entry.session, result))
                 entry.touch()
         finally:
             entry.waiting -= 1
@@ -194,7 +194,7 @@ class SessionService:
     async def context_image(self, entry: Entry) -> str:
         """The session's last context frame as the model sees it, as a data URL."""
         session = entry.session
-        image = await self._run(lambda: encode_image(self.host.decode(session.context.codes[-1:])[0],
+        image = await self.run(lambda: encode_image(self.host.decode(session.context.codes[-1:])[0],
                                                      self.settings.image_format, self.settings.jpeg_quality))
         return f"data:image/{self.settings.image_format};base64,{base64.b64encode(image).decode()}"
 
@@ -204,7 +204,8 @@ class SessionService:
         image = encode_image(frame.rgb, self.settings.image_format, self.settings.jpeg_quality)
         return frame, image, time.perf_counter() - start
 
-    async def _run(self, fn: Callable[[], Any]) -> Any:
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the server's thread pool."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn)
 
     # ------------------------------------------------------------------ server life
