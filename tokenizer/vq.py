@@ -17,18 +17,9 @@ from terra.tokenizer.base import ImageTokenizer, TrainOutput
 from terra.tokenizer.modules import Decoder, Encoder
 
 VQ16_CONFIG: dict[str, Any] = {
-    "codebook_size": 16384,
-    "codebook_embed_dim": 8,
-    "codebook_l2_norm": True,
-    "commit_loss_beta": 0.25,
-    "entropy_loss_ratio": 0.0,
-    "encoder_ch_mult": [1, 1, 2, 2, 4],
-    "decoder_ch_mult": [1, 1, 2, 2, 4],
-    "z_channels": 256,
-    "dropout_p": 0.0,
-    "ch": 128,
-    "num_res_blocks": 2,
-    "image_size": [288, 512],
+    "codebook_size": 16384, "codebook_embed_dim": 8, "codebook_l2_norm": True, "commit_loss_beta": 0.25,
+    "entropy_loss_ratio": 0.0, "encoder_ch_mult": [1, 1, 2, 2, 4], "decoder_ch_mult": [1, 1, 2, 2, 4],
+    "z_channels": 256, "dropout_p": 0.0, "ch": 128, "num_res_blocks": 2, "image_size": [288, 512],
 }
 
 

@@ -14,12 +14,8 @@ from terra.core.errors import TerraInputError, error_reason
 from terra.decoder.refiner.config import RefinerConfig
 
 
-PREFIXES = {
-    "unet": "model.diffusion_model.",
-    "cond_time_stack_embed": "model.diffusion_model.cond_time_stack_embed.",
-    "cond_encoder": "conditioner.embedders.3.encoder.",
-    "temporal_vae": "first_stage_model.",
-}
+PREFIXES = {"unet": "model.diffusion_model.", "cond_time_stack_embed": "model.diffusion_model.cond_time_stack_embed.",
+            "cond_encoder": "conditioner.embedders.3.encoder.", "temporal_vae": "first_stage_model."}
 CHECKED_PREFIXES = ("model.", "first_stage_model.", "conditioner.")  # other DiffusionEngine parts are not ours
 WRAPPER_PREFIX = "_forward_module."  # DeepSpeed/Lightning wrapper prefix of the published file
 
