@@ -76,10 +76,8 @@ class Encoder(nn.Module):
         width = ch
         levels = []
         for level, mult in enumerate(ch_mult):
-            blocks = []
-            for _ in range(num_res_blocks):
-                blocks.append(ResBlock(width, ch * mult))
-                width = ch * mult
+            blocks = [ResBlock(width if i == 0 else ch * mult, ch * mult) for i in range(num_res_blocks)]
+            width = ch * mult
             last = level == len(ch_mult) - 1
             levels.append(Level(blocks, downsample=None if last else nn.Conv2d(width, width, 3, stride=2, padding=1)))
         self.down = nn.ModuleList(levels)
@@ -108,10 +106,9 @@ class Decoder(nn.Module):
         self.mid_block = nn.ModuleList(ResBlock(width, width) for _ in range(num_res_blocks))
         levels = []
         for level in reversed(range(len(ch_mult))):  # built coarsest first, the order they run in
-            blocks = []
-            for _ in range(num_res_blocks):
-                blocks.append(ResBlock(width, ch * ch_mult[level]))
-                width = ch * ch_mult[level]
+            blocks = [ResBlock(width if i == 0 else ch * ch_mult[level], ch * ch_mult[level])
+                      for i in range(num_res_blocks)]
+            width = ch * ch_mult[level]
             levels.append(Level(blocks, upsample=Upsampler(width) if level > 0 else None))
         self.up = nn.ModuleList(reversed(levels))  # stored finest first: up[i] is resolution level i
         self.norm_out = group_norm(width)
