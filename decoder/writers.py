@@ -27,10 +27,8 @@ def check_frames(frames: np.ndarray, what: str = "frames") -> np.ndarray:
     """Validate uint8 ``[T, H, W, 3]`` frames (T >= 1) and return them contiguous."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
-        raise TerraInputError(
-            f"{what} must be uint8 [T>=1, H, W, 3] RGB, got {frames.dtype} {list(frames.shape)}; "
-            "convert with terra.decoder.frames.images_to_uint8"
-        )
+        raise TerraInputError(f"{what} must be uint8 [T>=1, H, W, 3] RGB, got {frames.dtype} {list(frames.shape)}; "
+                              "convert with terra.decoder.frames.images_to_uint8")
     return np.ascontiguousarray(frames)
 
 

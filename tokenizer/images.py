@@ -185,10 +185,8 @@ def _check_pixels(width: int, height: int, source: str, max_pixels: int = MAX_PI
 
 def _to_rgb(image: Image.Image, source: str) -> Image.Image:
     if image.mode not in RGB_COMPATIBLE_MODES:
-        raise TerraInputError(
-            f"{source} has pixel mode {image.mode} ({len(image.getbands())} channel(s)), not an 8-bit colour "
-            "image; save it as an 8-bit RGB PNG or JPEG"
-        )
+        raise TerraInputError(f"{source} has pixel mode {image.mode} ({len(image.getbands())} channel(s)), not an "
+                              "8-bit colour image; save it as an 8-bit RGB PNG or JPEG")
     return image.convert("RGB")  # alpha is dropped
 
 
@@ -218,8 +216,7 @@ def _read_video(path: Path, gif: bool) -> Iterator[Image.Image]:
     except TerraInputError:
         raise
     except (OSError, ValueError, RuntimeError, IndexError) as err:
-        raise TerraInputError(
-            f"{path} cannot be read as a video ({type(err).__name__}); pass an MP4/GIF file or extracted frames"
-        ) from None
+        raise TerraInputError(f"{path} cannot be read as a video ({type(err).__name__}); pass an MP4/GIF file or "
+                              "extracted frames") from None
     if count == 0:
         raise TerraInputError(f"video {path} has no frames; pass a video with at least one frame")

@@ -151,13 +151,9 @@ def _quantizer_config(config: Mapping[str, Any], z_channels: int) -> dict[str, A
     if not isinstance(quant, dict):
         raise TerraInputError("quantizer_config must be a JSON object; fix config.json")
     if "dim" in quant and int(quant["dim"]) != z_channels:
-        raise TerraInputError(
-            f"quantizer_config.dim {quant['dim']} differs from encoder_decoder_config.z_channels {z_channels}; "
-            "make them equal in config.json"
-        )
+        raise TerraInputError(f"quantizer_config.dim {quant['dim']} differs from encoder_decoder_config.z_channels "
+                              f"{z_channels}; make them equal in config.json")
     if "codebook_size" in quant and int(quant["codebook_size"]) != 2**z_channels:
-        raise TerraInputError(
-            f"quantizer_config.codebook_size {quant['codebook_size']} differs from 2**z_channels = "
-            f"{2**z_channels}; fix config.json"
-        )
+        raise TerraInputError(f"quantizer_config.codebook_size {quant['codebook_size']} differs from 2**z_channels = "
+                              f"{2**z_channels}; fix config.json")
     return quant
