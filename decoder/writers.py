@@ -177,8 +177,7 @@ def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: i
     return grid
 
 
-def write_grid(
-    path: str | os.PathLike, rollouts: Sequence[np.ndarray], fps: float = 10.0, columns: int | None = None, gap: int = 4
-) -> Path:
+def write_grid(path: str | os.PathLike, rollouts: Sequence[np.ndarray], fps: float = 10.0, columns: int | None = None,
+               gap: int = 4) -> Path:
     """Tile several rollouts side by side (see :func:`tile_grid`) and write them with :func:`write_video`."""
     return write_video(path, tile_grid(rollouts, columns, gap), fps)

@@ -153,9 +153,8 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
                                   f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); {fix}") from None
 
     @classmethod
-    def from_pretrained(
-        cls, path: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
-    ) -> "ImageTokenizer":
+    def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device | None = None,
+                        dtype: torch.dtype | None = None) -> "ImageTokenizer":
         """Load a saved tokenizer folder (or Hub id); calling it on the base class picks the class from config."""
         folder = _resolve_folder(str(path))
         config = _read_config(folder / CONFIG_NAME)
@@ -192,9 +191,8 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         self.load_state_dict(converted, strict=True)
 
 
-def load_tokenizer(
-    path: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
-) -> ImageTokenizer:
+def load_tokenizer(path: str | os.PathLike, device: str | torch.device | None = None,
+                   dtype: torch.dtype | None = None) -> ImageTokenizer:
     """Open any saved tokenizer: a folder, a Hub id, or LlamaGen's original VQ-16 ``.pt`` file."""
     path_str = str(path)
     if Path(path_str).is_file() and Path(path_str).suffix in (".pt", ".pth", ".ckpt"):

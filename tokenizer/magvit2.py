@@ -68,9 +68,8 @@ class Level(nn.Module):
 class Encoder(nn.Module):
     """Images ``[B, in_channels, H, W]`` → latent ``[B, z_channels, H / 2^(L-1), W / 2^(L-1)]``, L = len(ch_mult)."""
 
-    def __init__(
-        self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, in_channels: int = 3
-    ) -> None:
+    def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int,
+                 in_channels: int = 3) -> None:
         super().__init__()
         self.conv_in = nn.Conv2d(in_channels, ch, 3, padding=1, bias=False)
         width = ch
@@ -97,9 +96,8 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Latent ``[B, z_channels, h, w]`` → images ``[B, out_channels, h * 2^(L-1), w * 2^(L-1)]``."""
 
-    def __init__(
-        self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, out_channels: int = 3
-    ) -> None:
+    def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int,
+                 out_channels: int = 3) -> None:
         super().__init__()
         width = ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(z_channels, width, 3, padding=1)

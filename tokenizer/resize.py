@@ -11,9 +11,8 @@ RESIZE_MODES = ("crop", "stretch")  # see fit_frame
 MAX_UPSCALE = 8.0  # larger enlargements (a 1x1 or thumbnail image) carry no usable scene
 
 
-def fit_frame(
-    frame: Image.Image, image_size: tuple[int, int], source: str = "image", resize: str = "crop"
-) -> np.ndarray:
+def fit_frame(frame: Image.Image, image_size: tuple[int, int], source: str = "image",
+              resize: str = "crop") -> np.ndarray:
     """Resize to ``(H, W)`` → uint8 ``[H, W, 3]``: cover and center-crop (``crop``) or straight (``stretch``)."""
     height, width = image_size
     scale = max(width / frame.width, height / frame.height)
