@@ -35,18 +35,14 @@ _MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"BM", "BMP
 Source = Union[str, Path, np.ndarray, Image.Image]
 
 
-def load_images(
-    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
-    resize: str = "crop",
-) -> torch.Tensor:
+def load_images(sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
+                resize: str = "crop") -> torch.Tensor:
     """Frames from files/folders/globs/videos/arrays → float tensor ``[N, 3, H, W]`` in [-1, 1]."""
     return frames_to_tensor(load_frames(sources, image_size, last_n, resize))
 
 
-def load_frames(
-    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
-    resize: str = "crop",
-) -> np.ndarray:
+def load_frames(sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
+                resize: str = "crop") -> np.ndarray:
     """Like :func:`load_images` but returns uint8 ``[N, H, W, 3]`` (compact, for training data)."""
     if last_n is not None and last_n < 1:
         raise TerraInputError(f"last_n must be at least 1 (got {last_n})")
