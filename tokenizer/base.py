@@ -223,10 +223,9 @@ def _resolve_folder(path: str) -> Path:
         patterns = [f"{subfolder}/*" if subfolder else "*"]
         root = Path(snapshot_download(repo_id, allow_patterns=patterns))
     except Exception as err:  # any Hub failure (no network, unknown repo) is the user's input to fix
-        raise TerraInputError(
-            f"tokenizer {path} is not a local folder and the Hub download failed ({type(err).__name__}); "
-            "pass a local folder with config.json and model.safetensors"
-        ) from None
+        raise TerraInputError(f"tokenizer {path} is not a local folder and the Hub download failed "
+                              f"({type(err).__name__}); pass a local folder with config.json and "
+                              "model.safetensors") from None
     folder = root / subfolder if subfolder else root
     if not (folder / CONFIG_NAME).is_file():
         raise TerraInputError(f"Hub tokenizer {path} has no {CONFIG_NAME}; check the repository and subfolder")

@@ -168,9 +168,8 @@ def _opened(fh: IO[bytes], source: str, formats: tuple[str, ...], max_pixels: in
         raise TerraInputError(f"{source} claims more than {max_pixels} pixels; pass camera frames, "
                               "e.g. 1920x1080") from None
     except Exception as err:  # a decoder fed a stranger's bytes may fail in any way: each is a refusal
-        raise TerraInputError(
-            f"{source} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
-        ) from None
+        raise TerraInputError(f"{source} cannot be read as an image ({type(err).__name__}); pass a PNG or "
+                              "JPEG file") from None
 
 
 def _check_pixels(width: int, height: int, source: str, max_pixels: int = MAX_PIXELS) -> None:

@@ -138,10 +138,9 @@ def _network_config(config: Mapping[str, Any]) -> dict[str, Any]:
     out = {key: int(net.get(key, 3)) for key in ("ch", "num_res_blocks", "z_channels", "in_channels", "out_ch")}
     out["ch_mult"] = [int(m) for m in net["ch_mult"]]
     if not out["ch_mult"] or out["num_res_blocks"] < 1 or out["z_channels"] < 1:
-        raise TerraInputError(
-            f"encoder_decoder_config needs a non-empty ch_mult, num_res_blocks >= 1 and z_channels >= 1 (got "
-            f"{out['ch_mult']}, {out['num_res_blocks']}, {out['z_channels']}); fix config.json"
-        )
+        raise TerraInputError("encoder_decoder_config needs a non-empty ch_mult, num_res_blocks >= 1 and z_channels "
+                              f">= 1 (got {out['ch_mult']}, {out['num_res_blocks']}, {out['z_channels']}); fix "
+                              "config.json")
     return out
 
 

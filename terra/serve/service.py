@@ -52,17 +52,14 @@ class Entry:
 
     def info(self) -> dict[str, Any]:
         session = self.session
-        return {
-            "id": session.id, "context": session.context.source, "num_context": session.num_context,
-            "route": session.route_source is not None and (TOLD in session.route_told or not session.route_told),
-            "route_source": session.route_source, "routed_steps": session.route_told.count(TOLD),
-            "route_told": session.route_told,
-            "frames": session.num_generated, "max_frames": session.max_frames,
-            "seed": session.rollout.state.seed,
-            "sampling": dataclasses.asdict(session.sampling), "speed_kmh": round(session.driver.speed_kmh, 2),
-            "decoding": session.pass_stats().as_dict(session.sampling),
-            "idle_s": round(time.monotonic() - self.last_used, 3), "sockets": len(self.sockets),
-        }
+        return {"id": session.id, "context": session.context.source, "num_context": session.num_context,
+                "route": session.route_source is not None and (TOLD in session.route_told or not session.route_told),
+                "route_source": session.route_source, "routed_steps": session.route_told.count(TOLD),
+                "route_told": session.route_told, "frames": session.num_generated, "max_frames": session.max_frames,
+                "seed": session.rollout.state.seed, "sampling": dataclasses.asdict(session.sampling),
+                "speed_kmh": round(session.driver.speed_kmh, 2),
+                "decoding": session.pass_stats().as_dict(session.sampling),
+                "idle_s": round(time.monotonic() - self.last_used, 3), "sockets": len(self.sockets)}
 
 
 class SessionService:
@@ -211,12 +208,10 @@ class SessionService:
     # ------------------------------------------------------------------ server life
 
     def metrics(self) -> dict[str, Any]:
-        return {
-            "sessions": len(self.entries), "max_sessions": self.settings.max_sessions,
-            "sockets": sum(len(e.sockets) for e in self.entries.values()),
-            "uptime_s": round(time.monotonic() - self.started, 1), "backend": self.host.backend.name,
-            **self.host.engine.metrics(),
-        }
+        return {"sessions": len(self.entries), "max_sessions": self.settings.max_sessions,
+                "sockets": sum(len(e.sockets) for e in self.entries.values()),
+                "uptime_s": round(time.monotonic() - self.started, 1), "backend": self.host.backend.name,
+                **self.host.engine.metrics()}
 
     def start(self) -> None:
         """Start the idle reaper (call on the server's event loop)."""
