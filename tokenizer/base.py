@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from abc import ABCMeta, abstractmethod
@@ -260,10 +261,5 @@ IGNORED_KEYS = {"quantize.codebook_used"}  # LlamaGen's codebook-usage ring buff
 
 def clean(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip wrapper prefixes and drop training statistics."""
-    out = {}
-    for key, value in state_dict.items():
-        for prefix in WRAPPER_PREFIXES:
-            key = key.removeprefix(prefix)
-        if key not in IGNORED_KEYS:
-            out[key] = value
-    return out
+    unwrapped = {functools.reduce(str.removeprefix, WRAPPER_PREFIXES, key): value for key, value in state_dict.items()}
+    return {key: value for key, value in unwrapped.items() if key not in IGNORED_KEYS}

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
+import sys
 import time
 from dataclasses import dataclass
 
@@ -52,14 +54,10 @@ class SessionMap:
 
 def release_map_memory() -> None:
     """Return the memory a map's reading freed to the system."""
-    import sys
-
     if "pyarrow" in sys.modules:
         sys.modules["pyarrow"].default_memory_pool().release_unused()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: its allocator releases memory on its own terms
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator releases memory on its own terms
-        pass
 
 
 def session_map(data: bytes, route_tokens: int, session_id: str) -> SessionMap:
