@@ -221,8 +221,7 @@ def _resolve_folder(path: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        patterns = [f"{subfolder}/*" if subfolder else "*"]
-        root = Path(snapshot_download(repo_id, allow_patterns=patterns))
+        root = Path(snapshot_download(repo_id, allow_patterns=[f"{subfolder}/*" if subfolder else "*"]))
     except Exception as err:  # any Hub failure (no network, unknown repo) is the user's input to fix
         raise TerraInputError(f"tokenizer {path} is not a local folder and the Hub download failed "
                               f"({type(err).__name__}); pass a local folder with config.json and "

@@ -28,8 +28,7 @@ TERRA_CONFIG: dict[str, Any] = {  # the published config.json, without auto_map,
 
 def bits_to_codes(bits: torch.Tensor) -> torch.Tensor:
     """Bits ``[..., C]`` (bool or 0/1) → codes ``[...]`` int64; bit 0 is the most significant."""
-    num_bits = bits.shape[-1]
-    weights = 2 ** torch.arange(num_bits - 1, -1, -1, device=bits.device, dtype=torch.long)
+    weights = 2 ** torch.arange(bits.shape[-1] - 1, -1, -1, device=bits.device, dtype=torch.long)
     return (bits.long() * weights).sum(-1)
 
 
@@ -114,8 +113,7 @@ class LFQTokenizer(ImageTokenizer):
         return bits_to_codes(rearrange(latent > 0, "b c h w -> b h w c"))
 
     def codes_to_latent(self, codes: torch.Tensor) -> torch.Tensor:
-        signs = codes_to_bits(codes, self.num_bits).to(self.dtype) * 2 - 1
-        return rearrange(signs, "b h w c -> b c h w")
+        return rearrange(codes_to_bits(codes, self.num_bits).to(self.dtype) * 2 - 1, "b h w c -> b c h w")
 
     def forward(self, images: torch.Tensor) -> TrainOutput:
         """Training pass: reconstruction through the straight-through sign, plus entropy and commitment losses."""

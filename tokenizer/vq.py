@@ -81,12 +81,10 @@ class VQTokenizer(ImageTokenizer):
 
     def latent_to_codes(self, latent: torch.Tensor) -> torch.Tensor:
         b, _, h, w = latent.shape
-        flat = rearrange(latent, "b d h w -> (b h w) d")
-        return self.quantize.affinity(flat).argmax(-1).reshape(b, h, w)
+        return self.quantize.affinity(rearrange(latent, "b d h w -> (b h w) d")).argmax(-1).reshape(b, h, w)
 
     def codes_to_latent(self, codes: torch.Tensor) -> torch.Tensor:
-        entries = self.quantize.codebook()[codes]
-        return rearrange(entries, "b h w d -> b d h w").to(self.dtype)
+        return rearrange(self.quantize.codebook()[codes], "b h w d -> b d h w").to(self.dtype)
 
     def forward(self, images: torch.Tensor) -> TrainOutput:
         """Training pass: straight-through reconstruction, codebook + commitment (+ entropy) losses."""
@@ -102,8 +100,7 @@ class VQTokenizer(ImageTokenizer):
         codebook_loss = (z_q - flat.detach()).pow(2).mean()
         commitment = (z_q.detach() - flat).pow(2).mean()
         z_q = flat + (z_q - flat).detach()
-        latent = rearrange(z_q, "(b h w) d -> b d h w", b=b, h=h, w=w).to(z.dtype)
-        recon = self.decode_latent(latent)
+        recon = self.decode_latent(rearrange(z_q, "(b h w) d -> b d h w", b=b, h=h, w=w).to(z.dtype))
         loss = codebook_loss + float(self.config["commit_loss_beta"]) * commitment
         stats = {"codebook": codebook_loss.detach(), "commitment": commitment.detach()}
         ratio = float(self.config["entropy_loss_ratio"])

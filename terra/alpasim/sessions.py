@@ -231,8 +231,7 @@ class SessionTable:
         """The chunk's codes ``[m, h, w]``, its frames known up front: one request."""
         results = self.engine.steps(session.rollout, actions, self.sampling,
                                     None if routes is None else list(routes)).result()
-        grid = self.pipeline.tokenizer.grid_shape
-        return np.stack([result.codes.reshape(grid) for result in results])
+        return np.stack([result.codes.reshape(self.pipeline.tokenizer.grid_shape) for result in results])
 
     def _encode(self, session: AlpasimSession, codes: np.ndarray) -> list[bytes]:
         return [self._image(rgb if tuple(rgb.shape[:2]) == session.size

@@ -127,8 +127,7 @@ def create_app(service: SessionService) -> FastAPI:
 
     @api.post("/sessions", status_code=201)
     async def create_session(request: Request) -> dict:
-        entry = await service.create(await read_json(request))
-        return entry.info()
+        return (await service.create(await read_json(request))).info()
 
     @api.get("/sessions/{session_id}")
     async def get_session(session_id: str) -> dict:

@@ -36,8 +36,7 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        problem = self._problem(scope, headers)
+        problem = self._problem(scope, {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         if problem is None:
             return await self.app(scope, receive, send)
         status, message = problem

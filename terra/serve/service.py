@@ -125,8 +125,7 @@ class SessionService:
         window = host.layout.max_frames - 1
         if not isinstance(images, list) or not 1 <= len(images) <= window:
             raise TerraInputError(f"context.images must be a list of 1 to {window} images (base64 or data URLs)")
-        size = host.pipeline.image_size
-        frames = [decode_upload(value, i, size, host.resize) for i, value in enumerate(images)]
+        frames = [decode_upload(value, i, host.pipeline.image_size, host.resize) for i, value in enumerate(images)]
         return host.open(images=frames, num_context=num_context, **common, **options)
 
     def get(self, session_id: str) -> Entry:
@@ -172,8 +171,7 @@ class SessionService:
             async with entry.lock:
                 entry.touch()
                 started = time.perf_counter()
-                future = entry.session.step_async(action)
-                result = await asyncio.wrap_future(future)
+                result = await asyncio.wrap_future(entry.session.step_async(action))
                 frame, image, encode_s = await self.run(lambda: self._render(entry.session, result))
                 entry.touch()
         finally:
