@@ -171,9 +171,8 @@ def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: i
     grid = np.zeros((length, rows * height + (rows - 1) * gap, columns * width + (columns - 1) * gap, 3), np.uint8)
     for i, video in enumerate(videos):
         r, c = divmod(i, columns)
-        held = np.concatenate([video, np.repeat(video[-1:], length - len(video), axis=0)])
         y, x = r * (height + gap), c * (width + gap)
-        grid[:, y : y + height, x : x + width] = held
+        grid[:, y : y + height, x : x + width] = video[np.minimum(np.arange(length), len(video) - 1)]  # last one held
     return grid
 
 
