@@ -18,9 +18,7 @@ def images_to_uint8(images: torch.Tensor) -> np.ndarray:
     return (255 * unit.permute(0, 2, 3, 1).cpu().numpy()).astype(np.uint8)
 
 
-def codes_to_frames(
-    tokenizer: ImageTokenizer, codes: Any, batch_size: int = 8, progress: bool = False
-) -> np.ndarray:
+def codes_to_frames(tokenizer: ImageTokenizer, codes: Any, batch_size: int = 8, progress: bool = False) -> np.ndarray:
     """Codes ``[T, h, w]`` or ``[T, h * w]`` (tensor or array) → frames uint8 ``[T, H, W, 3]``."""
     codes = tokenizer.check_codes(torch.as_tensor(np.asarray(codes) if not torch.is_tensor(codes) else codes))
     chunks = tqdm(codes.split(max(1, batch_size)), desc="decoding", disable=not shows_bars(progress))

@@ -52,9 +52,9 @@ class Inset:
     scale: float  # pixels per metre
 
     @classmethod
-    def fit(cls, height: int, width: int, reach_m: float, inset_fraction: float = INSET_FRACTION) -> "Inset":
+    def fit(cls, height: int, width: int, reach_m: float) -> "Inset":
         """The inset of a ``height`` x ``width`` frame whose height spans ``reach_m`` metres ahead (at least 5 m)."""
-        size = max(24, int(min(height, width) * inset_fraction))
+        size = max(24, int(min(height, width) * INSET_FRACTION))
         return cls(width - size - INSET_MARGIN, height - size - INSET_MARGIN, size,
                    (size - 2 * INSET_MARGIN) / max(5.0, reach_m))
 
@@ -73,8 +73,7 @@ class Inset:
                 for px, py in points]
 
 
-def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: float = INSET_FRACTION,
-                    routes: np.ndarray | None = None) -> np.ndarray:
+def draw_trajectory(frames: np.ndarray, actions: np.ndarray, routes: np.ndarray | None = None) -> np.ndarray:
     """``frames`` copied, with an inset of each path (``actions [T, 6, 3]``) and route (``routes [T', K, 2|3]``)."""
     frames = check_frames(frames).copy()
     actions = np.asarray(actions, dtype=np.float64)
@@ -84,7 +83,7 @@ def draw_trajectory(frames: np.ndarray, actions: np.ndarray, inset_fraction: flo
         routes = np.asarray(routes, dtype=np.float64)
         if routes.ndim != 3 or routes.shape[2] not in (2, 3) or routes.shape[1] == 0:
             raise TerraInputError(f"routes to draw must be [T, K, 2|3] ([x, y(, s)]), got {list(routes.shape)}")
-    inset = Inset.fit(*frames.shape[1:3], _reach(actions, routes), inset_fraction)
+    inset = Inset.fit(*frames.shape[1:3], _reach(actions, routes))
     x0, y0, size = inset.x0, inset.y0, inset.size
     font = ImageFont.load_default()
     for index in range(len(frames)):

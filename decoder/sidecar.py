@@ -38,25 +38,11 @@ def to_jsonable(value: Any) -> Any:
     return value
 
 
-def write_sidecar(
-    path: str | os.PathLike,
-    config: Any = None,
-    seed: int | None = None,
-    actions: Any = None,
-    trajectory: Any = None,
-    timings: dict[str, float] | None = None,
-    **extra: Any,
-) -> Path:
+def write_sidecar(path: str | os.PathLike, config: Any = None, seed: int | None = None, actions: Any = None,
+                  trajectory: Any = None, timings: dict[str, float] | None = None, **extra: Any) -> Path:
     """Write ``path`` (JSON, atomically) describing one run; ``extra`` adds further fields."""
-    record = {
-        "created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "seed": seed,
-        "config": config,
-        "actions": actions,
-        "trajectory": trajectory,
-        "timings_s": timings,
-        **extra,
-    }
+    record = {"created_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "seed": seed,
+              "config": config, "actions": actions, "trajectory": trajectory, "timings_s": timings, **extra}
     text = json_text(to_jsonable(record), indent=2) + "\n"
     with atomic_output(path) as tmp:  # a full disk: one error line naming the file
         tmp.write_text(text, encoding="utf-8")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -28,10 +27,8 @@ def check_frames(frames: np.ndarray, what: str = "frames") -> np.ndarray:
     """Validate uint8 ``[T, H, W, 3]`` frames (T >= 1) and return them contiguous."""
     frames = np.asarray(frames)
     if frames.ndim != 4 or frames.shape[-1] != 3 or frames.dtype != np.uint8 or len(frames) == 0:
-        raise TerraInputError(
-            f"{what} must be uint8 [T>=1, H, W, 3] RGB, got {frames.dtype} {list(frames.shape)}; "
-            "convert with terra.decoder.frames.images_to_uint8"
-        )
+        raise TerraInputError(f"{what} must be uint8 [T>=1, H, W, 3] RGB, got {frames.dtype} {list(frames.shape)}; "
+                              "convert with terra.decoder.frames.images_to_uint8")
     return np.ascontiguousarray(frames)
 
 
@@ -141,11 +138,8 @@ def write_png_sequence(directory: str | os.PathLike, frames: np.ndarray) -> list
         with atomic_output(target) as tmp:  # creates the folder
             iio.imwrite(tmp, frame, extension=".png")
         paths.append(target)
-    stale = re.compile(r"^frame_(\d{5})\.png$")
-    for old in directory.iterdir():
-        match = stale.match(old.name)
-        if match and int(match.group(1)) >= len(frames):
-            old.unlink()
+    for old in set(directory.glob("frame_[0-9][0-9][0-9][0-9][0-9].png")) - set(paths):
+        old.unlink()
     return paths
 
 
@@ -177,14 +171,12 @@ def tile_grid(rollouts: Sequence[np.ndarray], columns: int | None = None, gap: i
     grid = np.zeros((length, rows * height + (rows - 1) * gap, columns * width + (columns - 1) * gap, 3), np.uint8)
     for i, video in enumerate(videos):
         r, c = divmod(i, columns)
-        held = np.concatenate([video, np.repeat(video[-1:], length - len(video), axis=0)])
         y, x = r * (height + gap), c * (width + gap)
-        grid[:, y : y + height, x : x + width] = held
+        grid[:, y : y + height, x : x + width] = video[np.minimum(np.arange(length), len(video) - 1)]  # last one held
     return grid
 
 
-def write_grid(
-    path: str | os.PathLike, rollouts: Sequence[np.ndarray], fps: float = 10.0, columns: int | None = None, gap: int = 4
-) -> Path:
+def write_grid(path: str | os.PathLike, rollouts: Sequence[np.ndarray], fps: float = 10.0, columns: int | None = None,
+               gap: int = 4) -> Path:
     """Tile several rollouts side by side (see :func:`tile_grid`) and write them with :func:`write_video`."""
     return write_video(path, tile_grid(rollouts, columns, gap), fps)

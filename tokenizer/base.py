@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from abc import ABCMeta, abstractmethod
@@ -40,6 +41,8 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
 
     model_type: ClassVar[str] = ""
     image_size: tuple[int, int]  # (H, W) the tokenizer works at
+    downsample_factor: int  # pixels per code along each axis
+    codebook_size: int  # codes are integers in [0, codebook_size)
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -52,16 +55,6 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         self.config["model_type"] = self.model_type
 
     # ------------------------------------------------------------------------------------------ sizes
-    @property
-    @abstractmethod
-    def downsample_factor(self) -> int:
-        """Pixels per code along each axis."""
-
-    @property
-    @abstractmethod
-    def codebook_size(self) -> int:
-        """Codes are integers in ``[0, codebook_size)``."""
-
     @property
     def grid_shape(self) -> tuple[int, int]:
         """``(h, w)`` codes per image at :attr:`image_size`."""
@@ -79,10 +72,8 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
     def _check_image_size(self) -> None:
         height, width = self.image_size
         if height % self.downsample_factor or width % self.downsample_factor:
-            raise TerraInputError(
-                f"tokenizer image_size {height}x{width} is not a multiple of its downsampling factor "
-                f"{self.downsample_factor}; set image_size in config.json to multiples of it"
-            )
+            raise TerraInputError(f"tokenizer image_size {height}x{width} is not a multiple of its downsampling factor "
+                                  f"{self.downsample_factor}; set image_size in config.json to multiples of it")
 
     # --------------------------------------------------------------------------------- quantisation
     @abstractmethod
@@ -111,10 +102,8 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
                                   "load files with terra.tokenizer.images.load_images")
         factor = self.downsample_factor
         if images.shape[2] % factor or images.shape[3] % factor:
-            raise TerraInputError(
-                f"image size {images.shape[2]}x{images.shape[3]} is not a multiple of {factor}; "
-                f"resize to {self.image_size[0]}x{self.image_size[1]} (load_images does it)"
-            )
+            raise TerraInputError(f"image size {images.shape[2]}x{images.shape[3]} is not a multiple of {factor}; "
+                                  f"resize to {self.image_size[0]}x{self.image_size[1]} (load_images does it)")
         out = [self.latent_to_codes(self.encode_latent(chunk.to(device=self.device, dtype=self.dtype)))
                for chunk in images.split(batch_size or len(images) or 1)]
         return torch.cat(out) if out else torch.empty(0, *self.grid_shape, dtype=torch.long, device=self.device)
@@ -135,15 +124,11 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         if codes.ndim == 2 and codes.shape[1] == self.grid_shape[0] * self.grid_shape[1]:
             codes = codes.reshape(len(codes), *self.grid_shape)
         if codes.ndim != 3:
-            raise TerraInputError(
-                f"codes must have shape [B, h, w] (grid {self.grid_shape[0]}x{self.grid_shape[1]}), got "
-                f"{list(codes.shape)}"
-            )
+            raise TerraInputError(f"codes must have shape [B, h, w] (grid {self.grid_shape[0]}x{self.grid_shape[1]}), "
+                                  f"got {list(codes.shape)}")
         if codes.numel() and (int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size):
-            raise TerraInputError(
-                f"codes hold values in [{int(codes.min())}, {int(codes.max())}] outside the codebook "
-                f"[0, {self.codebook_size}); decode only image codes of this tokenizer"
-            )
+            raise TerraInputError(f"codes hold values in [{int(codes.min())}, {int(codes.max())}] outside the codebook "
+                                  f"[0, {self.codebook_size}); decode only image codes of this tokenizer")
         return codes.long()
 
     # ------------------------------------------------------------------------------------ save / load
@@ -165,15 +150,12 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         except TerraInputError:
             raise
         except (ValueError, TypeError, KeyError, AttributeError) as err:  # a config the modules cannot be built from
-            raise TerraInputError(
-                f"{source} describes a tokenizer that cannot be built ({type(err).__name__}: "
-                f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); {fix}"
-            ) from None
+            raise TerraInputError(f"{source} describes a tokenizer that cannot be built ({type(err).__name__}: "
+                                  f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); {fix}") from None
 
     @classmethod
-    def from_pretrained(
-        cls, path: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
-    ) -> "ImageTokenizer":
+    def from_pretrained(cls, path: str | os.PathLike, device: str | torch.device | None = None,
+                        dtype: torch.dtype | None = None) -> "ImageTokenizer":
         """Load a saved tokenizer folder (or Hub id); calling it on the base class picks the class from config."""
         folder = _resolve_folder(str(path))
         config = _read_config(folder / CONFIG_NAME)
@@ -182,10 +164,8 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
             raise TerraInputError(f"{folder / CONFIG_NAME}: model_type {config.get('model_type')!r} is not a known "
                                   f"tokenizer; use one of {sorted(_REGISTRY)}")
         if cls is not ImageTokenizer and not issubclass(klass, cls):
-            raise TerraInputError(
-                f"{folder / CONFIG_NAME} describes a {config['model_type']} but {cls.__name__} was asked for; "
-                "use load_tokenizer to open any tokenizer"
-            )
+            raise TerraInputError(f"{folder / CONFIG_NAME} describes a {config['model_type']} but {cls.__name__} was "
+                                  "asked for; use load_tokenizer to open any tokenizer")
         model = klass.from_config(config, str(folder / CONFIG_NAME), "fix or re-save config.json")
         model.load_weights(_read_weights(folder), source=str(folder))
         return model.to(device=device, dtype=dtype).eval()
@@ -197,27 +177,23 @@ class ImageTokenizer(nn.Module, metaclass=ABCMeta):
         missing = sorted(set(expected) - set(converted))
         unexpected = sorted(set(converted) - set(expected))
         if missing or unexpected:
-            raise TerraInputError(
-                f"{source}: weights do not match the config ({len(missing)} missing, e.g. {missing[:3]}; "
-                f"{len(unexpected)} unexpected, e.g. {unexpected[:3]}); check that config.json describes these "
-                "weights (or map other key names in tokenizer/base.py)"
-            )
+            raise TerraInputError(f"{source}: weights do not match the config ({len(missing)} missing, e.g. "
+                                  f"{missing[:3]}; {len(unexpected)} unexpected, e.g. {unexpected[:3]}); check that "
+                                  "config.json describes these weights (or map other key names in tokenizer/base.py)")
         bad = [k for k in expected if tuple(expected[k].shape) != tuple(converted[k].shape)]
         if bad:
             k = bad[0]
-            raise TerraInputError(
-                f"{source}: {len(bad)} weights have the wrong shape (e.g. {k}: {list(converted[k].shape)} vs "
-                f"{list(expected[k].shape)} from config.json); the config does not describe these weights"
-            )
+            raise TerraInputError(f"{source}: {len(bad)} weights have the wrong shape (e.g. {k}: "
+                                  f"{list(converted[k].shape)} vs {list(expected[k].shape)} from config.json); the "
+                                  "config does not describe these weights")
         for key, value in expected.items():  # the values: floating point where the model's are, and finite
             check_like(converted[key], value, f"{source}: tensor {key}",
                        "the tokenizer's weights are damaged: download or copy them again")
         self.load_state_dict(converted, strict=True)
 
 
-def load_tokenizer(
-    path: str | os.PathLike, device: str | torch.device | None = None, dtype: torch.dtype | None = None
-) -> ImageTokenizer:
+def load_tokenizer(path: str | os.PathLike, device: str | torch.device | None = None,
+                   dtype: torch.dtype | None = None) -> ImageTokenizer:
     """Open any saved tokenizer: a folder, a Hub id, or LlamaGen's original VQ-16 ``.pt`` file."""
     path_str = str(path)
     if Path(path_str).is_file() and Path(path_str).suffix in (".pt", ".pth", ".ckpt"):
@@ -245,13 +221,11 @@ def _resolve_folder(path: str) -> Path:
     try:
         from huggingface_hub import snapshot_download
 
-        patterns = [f"{subfolder}/*" if subfolder else "*"]
-        root = Path(snapshot_download(repo_id, allow_patterns=patterns))
+        root = Path(snapshot_download(repo_id, allow_patterns=[f"{subfolder}/*" if subfolder else "*"]))
     except Exception as err:  # any Hub failure (no network, unknown repo) is the user's input to fix
-        raise TerraInputError(
-            f"tokenizer {path} is not a local folder and the Hub download failed ({type(err).__name__}); "
-            "pass a local folder with config.json and model.safetensors"
-        ) from None
+        raise TerraInputError(f"tokenizer {path} is not a local folder and the Hub download failed "
+                              f"({type(err).__name__}); pass a local folder with config.json and "
+                              "model.safetensors") from None
     folder = root / subfolder if subfolder else root
     if not (folder / CONFIG_NAME).is_file():
         raise TerraInputError(f"Hub tokenizer {path} has no {CONFIG_NAME}; check the repository and subfolder")
@@ -269,20 +243,15 @@ def _read_config(path: Path) -> dict[str, Any]:
 
 
 def _read_weights(folder: Path) -> dict[str, torch.Tensor]:
-    for name in (WEIGHTS_NAME, TORCH_WEIGHTS_NAME):
-        file = folder / name
-        if not file.is_file():
-            continue
-        try:
-            if name == WEIGHTS_NAME:
-                return load_file(file)
-            return torch.load(file, map_location="cpu", weights_only=True)
-        except Exception as err:  # safetensors / pickle raise their own types for truncated or foreign files
-            raise TerraInputError(
-                f"tokenizer weights {file} cannot be read ({error_reason(err)}); the file is truncated or corrupt: "
-                "download or copy it again"
-            ) from None
-    raise TerraInputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by save_pretrained")
+    file = next((folder / n for n in (WEIGHTS_NAME, TORCH_WEIGHTS_NAME) if (folder / n).is_file()), None)
+    if file is None:
+        raise TerraInputError(f"tokenizer folder {folder} has no {WEIGHTS_NAME}; pass a folder written by "
+                              "save_pretrained")
+    try:
+        return load_file(file) if file.name == WEIGHTS_NAME else torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as err:  # safetensors / pickle raise their own types for truncated or foreign files
+        raise TerraInputError(f"tokenizer weights {file} cannot be read ({error_reason(err)}); the file is truncated "
+                              "or corrupt: download or copy it again") from None
 
 
 WRAPPER_PREFIXES = ("module.", "_orig_mod.")  # DistributedDataParallel's and torch.compile's
@@ -291,10 +260,5 @@ IGNORED_KEYS = {"quantize.codebook_used"}  # LlamaGen's codebook-usage ring buff
 
 def clean(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Strip wrapper prefixes and drop training statistics."""
-    out = {}
-    for key, value in state_dict.items():
-        for prefix in WRAPPER_PREFIXES:
-            key = key.removeprefix(prefix)
-        if key not in IGNORED_KEYS:
-            out[key] = value
-    return out
+    unwrapped = {functools.reduce(str.removeprefix, WRAPPER_PREFIXES, key): value for key, value in state_dict.items()}
+    return {key: value for key, value in unwrapped.items() if key not in IGNORED_KEYS}

@@ -35,18 +35,14 @@ _MAGIC = ((b"\x89PNG\r\n\x1a\n", "PNG"), (b"\xff\xd8\xff", "JPEG"), (b"BM", "BMP
 Source = Union[str, Path, np.ndarray, Image.Image]
 
 
-def load_images(
-    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
-    resize: str = "crop",
-) -> torch.Tensor:
+def load_images(sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
+                resize: str = "crop") -> torch.Tensor:
     """Frames from files/folders/globs/videos/arrays → float tensor ``[N, 3, H, W]`` in [-1, 1]."""
     return frames_to_tensor(load_frames(sources, image_size, last_n, resize))
 
 
-def load_frames(
-    sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
-    resize: str = "crop",
-) -> np.ndarray:
+def load_frames(sources: Source | Sequence[Source], image_size: tuple[int, int], last_n: int | None = None,
+                resize: str = "crop") -> np.ndarray:
     """Like :func:`load_images` but returns uint8 ``[N, H, W, 3]`` (compact, for training data)."""
     if last_n is not None and last_n < 1:
         raise TerraInputError(f"last_n must be at least 1 (got {last_n})")
@@ -172,9 +168,8 @@ def _opened(fh: IO[bytes], source: str, formats: tuple[str, ...], max_pixels: in
         raise TerraInputError(f"{source} claims more than {max_pixels} pixels; pass camera frames, "
                               "e.g. 1920x1080") from None
     except Exception as err:  # a decoder fed a stranger's bytes may fail in any way: each is a refusal
-        raise TerraInputError(
-            f"{source} cannot be read as an image ({type(err).__name__}); pass a PNG or JPEG file"
-        ) from None
+        raise TerraInputError(f"{source} cannot be read as an image ({type(err).__name__}); pass a PNG or "
+                              "JPEG file") from None
 
 
 def _check_pixels(width: int, height: int, source: str, max_pixels: int = MAX_PIXELS) -> None:
@@ -185,10 +180,8 @@ def _check_pixels(width: int, height: int, source: str, max_pixels: int = MAX_PI
 
 def _to_rgb(image: Image.Image, source: str) -> Image.Image:
     if image.mode not in RGB_COMPATIBLE_MODES:
-        raise TerraInputError(
-            f"{source} has pixel mode {image.mode} ({len(image.getbands())} channel(s)), not an 8-bit colour "
-            "image; save it as an 8-bit RGB PNG or JPEG"
-        )
+        raise TerraInputError(f"{source} has pixel mode {image.mode} ({len(image.getbands())} channel(s)), not an "
+                              "8-bit colour image; save it as an 8-bit RGB PNG or JPEG")
     return image.convert("RGB")  # alpha is dropped
 
 
@@ -218,8 +211,7 @@ def _read_video(path: Path, gif: bool) -> Iterator[Image.Image]:
     except TerraInputError:
         raise
     except (OSError, ValueError, RuntimeError, IndexError) as err:
-        raise TerraInputError(
-            f"{path} cannot be read as a video ({type(err).__name__}); pass an MP4/GIF file or extracted frames"
-        ) from None
+        raise TerraInputError(f"{path} cannot be read as a video ({type(err).__name__}); pass an MP4/GIF file or "
+                              "extracted frames") from None
     if count == 0:
         raise TerraInputError(f"video {path} has no frames; pass a video with at least one frame")

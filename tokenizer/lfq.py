@@ -28,8 +28,7 @@ TERRA_CONFIG: dict[str, Any] = {  # the published config.json, without auto_map,
 
 def bits_to_codes(bits: torch.Tensor) -> torch.Tensor:
     """Bits ``[..., C]`` (bool or 0/1) → codes ``[...]`` int64; bit 0 is the most significant."""
-    num_bits = bits.shape[-1]
-    weights = 2 ** torch.arange(num_bits - 1, -1, -1, device=bits.device, dtype=torch.long)
+    weights = 2 ** torch.arange(bits.shape[-1] - 1, -1, -1, device=bits.device, dtype=torch.long)
     return (bits.long() * weights).sum(-1)
 
 
@@ -44,7 +43,6 @@ class QuantizerOutput:
     """What a training pass of the quantiser returns (losses unweighted by the tokenizer's loss weights)."""
 
     quantized: torch.Tensor  # [B, C, h, w], ±1 forward, straight-through gradient to the latent
-    codes: torch.Tensor  # [B, h, w] int64
     entropy_loss: torch.Tensor  # sample_minimization_weight * sample - batch_maximization_weight * codebook entropy
     commitment: torch.Tensor
     sample_entropy: torch.Tensor
@@ -52,27 +50,15 @@ class QuantizerOutput:
 
 
 class LookupFreeQuantizer(nn.Module):
-    """Sign quantiser with ``2 ** num_bits`` codes, Open-MAGVIT2's LFQ with one codebook."""
+    """Sign quantiser, one bit per latent channel: Open-MAGVIT2's LFQ with one codebook."""
 
-    def __init__(
-        self, num_bits: int, sample_minimization_weight: float = 1.0, batch_maximization_weight: float = 1.0
-    ) -> None:
+    def __init__(self, sample_minimization_weight: float = 1.0, batch_maximization_weight: float = 1.0) -> None:
         super().__init__()
-        self.num_bits = num_bits
         self.sample_minimization_weight = sample_minimization_weight
         self.batch_maximization_weight = batch_maximization_weight
 
-    def latent_to_codes(self, latent: torch.Tensor) -> torch.Tensor:
-        """Latent ``[B, C, h, w]`` → codes ``[B, h, w]`` (int64)."""
-        return bits_to_codes(rearrange(latent > 0, "b c h w -> b h w c"))
-
-    def codes_to_latent(self, codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Codes ``[B, h, w]`` → the ±1 decoder input ``[B, C, h, w]``."""
-        signs = codes_to_bits(codes, self.num_bits).to(dtype) * 2 - 1
-        return rearrange(signs, "b h w c -> b c h w")
-
     def forward(self, z: torch.Tensor) -> QuantizerOutput:
-        """Training pass: straight-through quantisation, codes, commitment and entropy terms (fp32)."""
+        """Training pass: straight-through quantisation, commitment and entropy terms (fp32)."""
         q = torch.where(z > 0, 1.0, -1.0).to(z.dtype)
         with torch.autocast(z.device.type, enabled=False):  # entropies need fp32 logs and matmuls
             logits = rearrange(z.float(), "b c h w -> (b h w) c") * (4 / ENTROPY_TEMPERATURE)
@@ -80,10 +66,7 @@ class LookupFreeQuantizer(nn.Module):
             commitment = (z.float() - q.float()).pow(2).mean()
         entropy_loss = (self.sample_minimization_weight * sample_entropy
                         - self.batch_maximization_weight * codebook_entropy)
-        return QuantizerOutput(
-            quantized=z + (q - z).detach(), codes=self.latent_to_codes(z.detach()), entropy_loss=entropy_loss,
-            commitment=commitment, sample_entropy=sample_entropy, codebook_entropy=codebook_entropy,
-        )
+        return QuantizerOutput(z + (q - z).detach(), entropy_loss, commitment, sample_entropy, codebook_entropy)
 
 
 def entropies(bit_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,9 +98,10 @@ class LFQTokenizer(ImageTokenizer):
         net = _network_config(self.config)
         quant = _quantizer_config(self.config, net["z_channels"])
         self.num_bits = net["z_channels"]
-        self.num_levels = len(net["ch_mult"])
+        self.downsample_factor = 2 ** (len(net["ch_mult"]) - 1)
+        self.codebook_size = 2**self.num_bits
         self.encoder = Encoder(net["ch"], net["ch_mult"], net["num_res_blocks"], net["z_channels"], net["in_channels"])
-        self.quantize = LookupFreeQuantizer(self.num_bits, float(quant.get("sample_minimization_weight", 1.0)),
+        self.quantize = LookupFreeQuantizer(float(quant.get("sample_minimization_weight", 1.0)),
                                             float(quant.get("batch_maximization_weight", 1.0)))
         self.decoder = Decoder(net["ch"], net["ch_mult"], net["num_res_blocks"], net["z_channels"], net["out_ch"])
         self.entropy_loss_weight = float(quant.get("entropy_loss_weight", 0.1))
@@ -125,27 +109,20 @@ class LFQTokenizer(ImageTokenizer):
         self.image_size = tuple(int(v) for v in self.config.get("image_size") or DEFAULT_IMAGE_SIZE)
         self._check_image_size()
 
-    @property
-    def downsample_factor(self) -> int:
-        return 2 ** (self.num_levels - 1)
-
-    @property
-    def codebook_size(self) -> int:
-        return 2**self.num_bits
-
     def latent_to_codes(self, latent: torch.Tensor) -> torch.Tensor:
-        return self.quantize.latent_to_codes(latent)
+        return bits_to_codes(rearrange(latent > 0, "b c h w -> b h w c"))
 
     def codes_to_latent(self, codes: torch.Tensor) -> torch.Tensor:
-        return self.quantize.codes_to_latent(codes, self.dtype)
+        return rearrange(codes_to_bits(codes, self.num_bits).to(self.dtype) * 2 - 1, "b h w c -> b c h w")
 
     def forward(self, images: torch.Tensor) -> TrainOutput:
         """Training pass: reconstruction through the straight-through sign, plus entropy and commitment losses."""
-        q = self.quantize(self.encode_latent(images))
+        z = self.encode_latent(images)
+        q = self.quantize(z)
         loss = self.entropy_loss_weight * q.entropy_loss + self.commitment_loss_weight * q.commitment
         stats = {"commitment": q.commitment.detach(), "sample_entropy": q.sample_entropy.detach(),
                  "codebook_entropy": q.codebook_entropy.detach()}
-        return TrainOutput(self.decode_latent(q.quantized), q.codes, loss, stats)
+        return TrainOutput(self.decode_latent(q.quantized), self.latent_to_codes(z.detach()), loss, stats)
 
 
 def _network_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -159,10 +136,9 @@ def _network_config(config: Mapping[str, Any]) -> dict[str, Any]:
     out = {key: int(net.get(key, 3)) for key in ("ch", "num_res_blocks", "z_channels", "in_channels", "out_ch")}
     out["ch_mult"] = [int(m) for m in net["ch_mult"]]
     if not out["ch_mult"] or out["num_res_blocks"] < 1 or out["z_channels"] < 1:
-        raise TerraInputError(
-            f"encoder_decoder_config needs a non-empty ch_mult, num_res_blocks >= 1 and z_channels >= 1 (got "
-            f"{out['ch_mult']}, {out['num_res_blocks']}, {out['z_channels']}); fix config.json"
-        )
+        raise TerraInputError("encoder_decoder_config needs a non-empty ch_mult, num_res_blocks >= 1 and z_channels "
+                              f">= 1 (got {out['ch_mult']}, {out['num_res_blocks']}, {out['z_channels']}); fix "
+                              "config.json")
     return out
 
 
@@ -172,13 +148,9 @@ def _quantizer_config(config: Mapping[str, Any], z_channels: int) -> dict[str, A
     if not isinstance(quant, dict):
         raise TerraInputError("quantizer_config must be a JSON object; fix config.json")
     if "dim" in quant and int(quant["dim"]) != z_channels:
-        raise TerraInputError(
-            f"quantizer_config.dim {quant['dim']} differs from encoder_decoder_config.z_channels {z_channels}; "
-            "make them equal in config.json"
-        )
+        raise TerraInputError(f"quantizer_config.dim {quant['dim']} differs from encoder_decoder_config.z_channels "
+                              f"{z_channels}; make them equal in config.json")
     if "codebook_size" in quant and int(quant["codebook_size"]) != 2**z_channels:
-        raise TerraInputError(
-            f"quantizer_config.codebook_size {quant['codebook_size']} differs from 2**z_channels = "
-            f"{2**z_channels}; fix config.json"
-        )
+        raise TerraInputError(f"quantizer_config.codebook_size {quant['codebook_size']} differs from 2**z_channels = "
+                              f"{2**z_channels}; fix config.json")
     return quant

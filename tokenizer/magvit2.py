@@ -9,32 +9,12 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import nn
 
-
-def group_norm(channels: int) -> nn.GroupNorm:
-    """GroupNorm with 32 groups and eps 1e-6, the only normalisation of the v1 network."""
-    return nn.GroupNorm(32, channels, eps=1e-6)
+from terra.tokenizer.modules import ResnetBlock, group_norm
 
 
 def depth_to_space(x: torch.Tensor, block_size: int = 2) -> torch.Tensor:
     """``[B, s*s*C, H, W]`` → ``[B, C, s*H, s*W]`` in DCR order (depth, column, row)."""
     return rearrange(x, "b (i j c) h w -> b c (h i) (w j)", i=block_size, j=block_size)
-
-
-class ResBlock(nn.Module):
-    """Pre-activation residual block with bias-free 3x3 convs and a bias-free 1x1 shortcut where widths differ."""
-
-    def __init__(self, in_channels: int, out_channels: int) -> None:
-        super().__init__()
-        self.norm1 = group_norm(in_channels)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=False)
-        self.norm2 = group_norm(out_channels)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=False)
-        self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1, bias=False) if in_channels != out_channels else None
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.conv1(F.silu(self.norm1(x)))
-        h = self.conv2(F.silu(self.norm2(h)))
-        return h + (x if self.nin_shortcut is None else self.nin_shortcut(x))
 
 
 class Upsampler(nn.Module):
@@ -51,7 +31,7 @@ class Upsampler(nn.Module):
 class Level(nn.Module):
     """Residual blocks (``block``) of one resolution, then its ``downsample`` or ``upsample``, where it has one."""
 
-    def __init__(self, blocks: list[ResBlock], downsample: nn.Conv2d | None = None,
+    def __init__(self, blocks: list[ResnetBlock], downsample: nn.Conv2d | None = None,
                  upsample: Upsampler | None = None) -> None:
         super().__init__()
         self.block = nn.ModuleList(blocks)
@@ -68,22 +48,19 @@ class Level(nn.Module):
 class Encoder(nn.Module):
     """Images ``[B, in_channels, H, W]`` → latent ``[B, z_channels, H / 2^(L-1), W / 2^(L-1)]``, L = len(ch_mult)."""
 
-    def __init__(
-        self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, in_channels: int = 3
-    ) -> None:
+    def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int,
+                 in_channels: int = 3) -> None:
         super().__init__()
         self.conv_in = nn.Conv2d(in_channels, ch, 3, padding=1, bias=False)
         width = ch
         levels = []
         for level, mult in enumerate(ch_mult):
-            blocks = []
-            for _ in range(num_res_blocks):
-                blocks.append(ResBlock(width, ch * mult))
-                width = ch * mult
+            blocks = [ResnetBlock(width if i == 0 else ch * mult, ch * mult, bias=False) for i in range(num_res_blocks)]
+            width = ch * mult
             last = level == len(ch_mult) - 1
             levels.append(Level(blocks, downsample=None if last else nn.Conv2d(width, width, 3, stride=2, padding=1)))
         self.down = nn.ModuleList(levels)
-        self.mid_block = nn.ModuleList(ResBlock(width, width) for _ in range(num_res_blocks))
+        self.mid_block = nn.ModuleList(ResnetBlock(width, width, bias=False) for _ in range(num_res_blocks))
         self.norm_out = group_norm(width)
         self.conv_out = nn.Conv2d(width, z_channels, 1)
 
@@ -99,19 +76,17 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     """Latent ``[B, z_channels, h, w]`` → images ``[B, out_channels, h * 2^(L-1), w * 2^(L-1)]``."""
 
-    def __init__(
-        self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int, out_channels: int = 3
-    ) -> None:
+    def __init__(self, ch: int, ch_mult: Sequence[int], num_res_blocks: int, z_channels: int,
+                 out_channels: int = 3) -> None:
         super().__init__()
         width = ch * ch_mult[-1]
         self.conv_in = nn.Conv2d(z_channels, width, 3, padding=1)
-        self.mid_block = nn.ModuleList(ResBlock(width, width) for _ in range(num_res_blocks))
+        self.mid_block = nn.ModuleList(ResnetBlock(width, width, bias=False) for _ in range(num_res_blocks))
         levels = []
         for level in reversed(range(len(ch_mult))):  # built coarsest first, the order they run in
-            blocks = []
-            for _ in range(num_res_blocks):
-                blocks.append(ResBlock(width, ch * ch_mult[level]))
-                width = ch * ch_mult[level]
+            blocks = [ResnetBlock(width if i == 0 else ch * ch_mult[level], ch * ch_mult[level], bias=False)
+                      for i in range(num_res_blocks)]
+            width = ch * ch_mult[level]
             levels.append(Level(blocks, upsample=Upsampler(width) if level > 0 else None))
         self.up = nn.ModuleList(reversed(levels))  # stored finest first: up[i] is resolution level i
         self.norm_out = group_norm(width)

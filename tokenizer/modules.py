@@ -10,29 +10,27 @@ from einops import rearrange
 from torch import nn
 
 
-def normalize(channels: int) -> nn.GroupNorm:
-    """GroupNorm(32) with eps 1e-6, as in VQGAN and LlamaGen."""
+def group_norm(channels: int) -> nn.GroupNorm:
+    """GroupNorm(32) with eps 1e-6, as in VQGAN, LlamaGen and Open-MAGVIT2."""
     return nn.GroupNorm(num_groups=32, num_channels=channels, eps=1e-6, affine=True)
 
 
 class ResnetBlock(nn.Module):
     """Pre-activation residual block; a 1x1 ``nin_shortcut`` when the channel count changes."""
 
-    def __init__(self, in_channels: int, out_channels: int, dropout: float = 0.0) -> None:
+    def __init__(self, in_channels: int, out_channels: int, dropout: float = 0.0, bias: bool = True) -> None:
         super().__init__()
-        self.norm1 = normalize(in_channels)
-        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1)
-        self.norm2 = normalize(out_channels)
+        self.norm1 = group_norm(in_channels)
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, padding=1, bias=bias)
+        self.norm2 = group_norm(out_channels)
         self.dropout = nn.Dropout(dropout)
-        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1)
-        if in_channels != out_channels:
-            self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, padding=1, bias=bias)
+        self.nin_shortcut = nn.Conv2d(in_channels, out_channels, 1, bias=bias) if in_channels != out_channels else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.conv1(F.silu(self.norm1(x)))
         h = self.conv2(self.dropout(F.silu(self.norm2(h))))
-        shortcut = self.nin_shortcut(x) if hasattr(self, "nin_shortcut") else x
-        return shortcut + h
+        return (x if self.nin_shortcut is None else self.nin_shortcut(x)) + h
 
 
 class AttnBlock(nn.Module):
@@ -40,7 +38,7 @@ class AttnBlock(nn.Module):
 
     def __init__(self, channels: int) -> None:
         super().__init__()
-        self.norm = normalize(channels)
+        self.norm = group_norm(channels)
         self.q = nn.Conv2d(channels, channels, 1)
         self.k = nn.Conv2d(channels, channels, 1)
         self.v = nn.Conv2d(channels, channels, 1)
@@ -124,7 +122,7 @@ class Encoder(nn.Module):
                 block.downsample = Downsample(block_in)
             self.conv_blocks.append(block)
         self.mid = _mid(block_in, dropout)
-        self.norm_out = normalize(block_in)
+        self.norm_out = group_norm(block_in)
         self.conv_out = nn.Conv2d(block_in, z_channels, 3, padding=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -157,7 +155,7 @@ class Decoder(nn.Module):
             if level != 0:
                 block.upsample = Upsample(block_in)
             self.conv_blocks.append(block)
-        self.norm_out = normalize(block_in)
+        self.norm_out = group_norm(block_in)
         self.conv_out = nn.Conv2d(block_in, out_channels, 3, padding=1)
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:

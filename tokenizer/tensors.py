@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import numpy as np
@@ -20,21 +21,13 @@ def is_floating(value: Any) -> bool:
     return value.is_floating_point() if _is_torch(value) else np.issubdtype(value.dtype, np.floating)
 
 
-def _chunks(value: Any):
-    flat = value.detach().reshape(-1) if _is_torch(value) else np.asarray(value).reshape(-1)
-    for start in range(0, flat.shape[0], CHUNK):
-        yield flat[start:start + CHUNK]
-
-
 def count_non_finite(value: Any) -> int:
     """How many elements of a floating-point ``value`` are NaN or infinite."""
-    if _is_torch(value):
-        import torch
-
-        return sum(int((~torch.isfinite(part)).sum()) for part in _chunks(value)
-                   if not bool(torch.isfinite(part.sum(dtype=torch.float64))))
-    return sum(int((~np.isfinite(part)).sum()) for part in _chunks(value)
-               if not np.isfinite(np.sum(part, dtype=np.float64)))
+    lib = importlib.import_module("torch") if _is_torch(value) else np  # torch is loaded when value is a tensor
+    flat = value.detach().reshape(-1) if _is_torch(value) else np.asarray(value).reshape(-1)
+    parts = (flat[start:start + CHUNK] for start in range(0, flat.shape[0], CHUNK))
+    return sum(int((~lib.isfinite(part)).sum()) for part in parts
+               if not bool(lib.isfinite(part.sum(dtype=lib.float64))))
 
 
 def check_floats(value: Any, where: str, fix: str) -> None:

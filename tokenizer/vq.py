@@ -17,18 +17,9 @@ from terra.tokenizer.base import ImageTokenizer, TrainOutput
 from terra.tokenizer.modules import Decoder, Encoder
 
 VQ16_CONFIG: dict[str, Any] = {
-    "codebook_size": 16384,
-    "codebook_embed_dim": 8,
-    "codebook_l2_norm": True,
-    "commit_loss_beta": 0.25,
-    "entropy_loss_ratio": 0.0,
-    "encoder_ch_mult": [1, 1, 2, 2, 4],
-    "decoder_ch_mult": [1, 1, 2, 2, 4],
-    "z_channels": 256,
-    "dropout_p": 0.0,
-    "ch": 128,
-    "num_res_blocks": 2,
-    "image_size": [288, 512],
+    "codebook_size": 16384, "codebook_embed_dim": 8, "codebook_l2_norm": True, "commit_loss_beta": 0.25,
+    "entropy_loss_ratio": 0.0, "encoder_ch_mult": [1, 1, 2, 2, 4], "decoder_ch_mult": [1, 1, 2, 2, 4],
+    "z_channels": 256, "dropout_p": 0.0, "ch": 128, "num_res_blocks": 2, "image_size": [288, 512],
 }
 
 
@@ -77,16 +68,10 @@ class VQTokenizer(ImageTokenizer):
                                         bool(c["codebook_l2_norm"]))
         self.quant_conv = nn.Conv2d(int(c["z_channels"]), int(c["codebook_embed_dim"]), 1)
         self.post_quant_conv = nn.Conv2d(int(c["codebook_embed_dim"]), int(c["z_channels"]), 1)
+        self.downsample_factor = 2 ** (len(c["encoder_ch_mult"]) - 1)
+        self.codebook_size = int(c["codebook_size"])
         self.image_size = tuple(int(v) for v in c["image_size"])
         self._check_image_size()
-
-    @property
-    def downsample_factor(self) -> int:
-        return 2 ** (len(self.encoder.conv_blocks) - 1)
-
-    @property
-    def codebook_size(self) -> int:
-        return int(self.config["codebook_size"])
 
     def encode_latent(self, images: torch.Tensor) -> torch.Tensor:
         return self.quant_conv(self.encoder(images))
@@ -96,12 +81,10 @@ class VQTokenizer(ImageTokenizer):
 
     def latent_to_codes(self, latent: torch.Tensor) -> torch.Tensor:
         b, _, h, w = latent.shape
-        flat = rearrange(latent, "b d h w -> (b h w) d")
-        return self.quantize.affinity(flat).argmax(-1).reshape(b, h, w)
+        return self.quantize.affinity(rearrange(latent, "b d h w -> (b h w) d")).argmax(-1).reshape(b, h, w)
 
     def codes_to_latent(self, codes: torch.Tensor) -> torch.Tensor:
-        entries = self.quantize.codebook()[codes]
-        return rearrange(entries, "b h w d -> b d h w").to(self.dtype)
+        return rearrange(self.quantize.codebook()[codes], "b h w d -> b d h w").to(self.dtype)
 
     def forward(self, images: torch.Tensor) -> TrainOutput:
         """Training pass: straight-through reconstruction, codebook + commitment (+ entropy) losses."""
@@ -117,8 +100,7 @@ class VQTokenizer(ImageTokenizer):
         codebook_loss = (z_q - flat.detach()).pow(2).mean()
         commitment = (z_q.detach() - flat).pow(2).mean()
         z_q = flat + (z_q - flat).detach()
-        latent = rearrange(z_q, "(b h w) d -> b d h w", b=b, h=h, w=w).to(z.dtype)
-        recon = self.decode_latent(latent)
+        recon = self.decode_latent(rearrange(z_q, "(b h w) d -> b d h w", b=b, h=h, w=w).to(z.dtype))
         loss = codebook_loss + float(self.config["commit_loss_beta"]) * commitment
         stats = {"codebook": codebook_loss.detach(), "commitment": commitment.detach()}
         ratio = float(self.config["entropy_loss_ratio"])

@@ -14,12 +14,8 @@ from terra.core.errors import TerraInputError, error_reason
 from terra.decoder.refiner.config import RefinerConfig
 
 
-PREFIXES = {
-    "unet": "model.diffusion_model.",
-    "cond_time_stack_embed": "model.diffusion_model.cond_time_stack_embed.",
-    "cond_encoder": "conditioner.embedders.3.encoder.",
-    "temporal_vae": "first_stage_model.",
-}
+PREFIXES = {"unet": "model.diffusion_model.", "cond_time_stack_embed": "model.diffusion_model.cond_time_stack_embed.",
+            "cond_encoder": "conditioner.embedders.3.encoder.", "temporal_vae": "first_stage_model."}
 CHECKED_PREFIXES = ("model.", "first_stage_model.", "conditioner.")  # other DiffusionEngine parts are not ours
 WRAPPER_PREFIX = "_forward_module."  # DeepSpeed/Lightning wrapper prefix of the published file
 
@@ -28,8 +24,15 @@ _UNET_TOP = {"conv_in.": "input_blocks.0.0.", "time_embedding.linear_1.": "time_
              "add_embedding.linear_2.": "label_emb.0.2.", "conv_norm_out.": "out.0.", "conv_out.": "out.2."}
 _UNET_RES = {"norm1.": "in_layers.0.", "conv1.": "in_layers.2.", "time_emb_proj.": "emb_layers.1.",
              "norm2.": "out_layers.0.", "conv2.": "out_layers.3.", "conv_shortcut.": "skip_connection."}
-_VAE_TEMPORAL = {"norm1.": "time_stack.in_layers.0.", "conv1.": "time_stack.in_layers.2.",
-                 "norm2.": "time_stack.out_layers.0.", "conv2.": "time_stack.out_layers.3."}
+_UNET_RESNET = {**{f"spatial_res_block.{old}": new for old, new in _UNET_RES.items()},
+                **{f"temporal_res_block.{old}": f"time_stack.{new}" for old, new in _UNET_RES.items()}}
+_UNET_ATTENTION = {"temporal_transformer_blocks.": "time_stack.", "time_pos_embed.linear_1.": "time_pos_embed.0.",
+                   "time_pos_embed.linear_2.": "time_pos_embed.2."}
+_VAE_RESNET = {"spatial_res_block.conv_shortcut.": "nin_shortcut.", "spatial_res_block.": "", "time_mixer.": "",
+               "conv_shortcut.": "nin_shortcut.", "temporal_res_block.norm1.": "time_stack.in_layers.0.",
+               "temporal_res_block.conv1.": "time_stack.in_layers.2.",
+               "temporal_res_block.norm2.": "time_stack.out_layers.0.",
+               "temporal_res_block.conv2.": "time_stack.out_layers.3."}
 _VAE_ATTN = {"group_norm.": "norm.", "to_q.": "q.", "to_k.": "k.", "to_v.": "v.", "to_out.0.": "proj_out."}
 _CONV_ATTENTION = re.compile(r"mid\.attn_1\.(q|k|v|proj_out)\.weight$")
 
@@ -41,52 +44,26 @@ def _rename(name: str, table: Mapping[str, str]) -> str:
     return name
 
 
-def _unet_resnet(rest: str) -> str:
-    if rest.startswith("spatial_res_block."):
-        return _rename(rest[len("spatial_res_block."):], _UNET_RES)
-    if rest.startswith("temporal_res_block."):
-        return "time_stack." + _rename(rest[len("temporal_res_block."):], _UNET_RES)
-    return rest  # time_mixer.mix_factor
-
-
-def _unet_attention(rest: str) -> str:
-    rest = rest.replace("temporal_transformer_blocks.", "time_stack.", 1)
-    return _rename(rest, {"time_pos_embed.linear_1.": "time_pos_embed.0.",
-                          "time_pos_embed.linear_2.": "time_pos_embed.2."})
-
-
 def unet_name(name: str, config: RefinerConfig) -> str:
     """A ``UNetSpatioTemporalConditionModel`` state-dict name → its VideoUNet name (without prefix)."""
     per_level = config.layers_per_block + 1  # res blocks, then a down/upsampler
-    if m := re.match(r"down_blocks\.(\d+)\.(resnets|attentions|downsamplers)\.(\d+)\.(.*)", name):
-        level, kind, j, rest = int(m[1]), m[2], int(m[3]), m[4]
-        block = 1 + level * per_level + (config.layers_per_block if kind == "downsamplers" else j)
+    blocks = r"(down|up)_blocks\.(\d+)\.(resnets|attentions|downsamplers|upsamplers)\.(\d+)\.(.*)"
+    if m := re.match(blocks, name):
+        way, level, kind, j, rest = m[1], int(m[2]), m[3], int(m[4]), m[5]
+        first = level * per_level  # the level's first block (after input_blocks.0, the stem)
         if kind == "downsamplers":
-            return f"input_blocks.{block}.0.op.{rest[len('conv.'):]}"
-        return f"input_blocks.{block}.{0 if kind == 'resnets' else 1}." + (
-            _unet_resnet(rest) if kind == "resnets" else _unet_attention(rest))
-    if m := re.match(r"up_blocks\.(\d+)\.(resnets|attentions|upsamplers)\.(\d+)\.(.*)", name):
-        up, kind, j, rest = int(m[1]), m[2], int(m[3]), m[4]
+            return f"input_blocks.{1 + first + config.layers_per_block}.0.op.{rest[len('conv.'):]}"
         if kind == "upsamplers":
-            has_attention = config.unet_attention[len(config.unet_attention) - 1 - up]
-            return f"output_blocks.{up * per_level + config.layers_per_block}.{2 if has_attention else 1}.{rest}"
-        return f"output_blocks.{up * per_level + j}.{0 if kind == 'resnets' else 1}." + (
-            _unet_resnet(rest) if kind == "resnets" else _unet_attention(rest))
+            has_attention = config.unet_attention[len(config.unet_attention) - 1 - level]
+            return f"output_blocks.{first + config.layers_per_block}.{2 if has_attention else 1}.{rest}"
+        block = f"input_blocks.{1 + first + j}" if way == "down" else f"output_blocks.{first + j}"
+        table = _UNET_RESNET if kind == "resnets" else _UNET_ATTENTION
+        return f"{block}.{0 if kind == 'resnets' else 1}.{_rename(rest, table)}"
     if m := re.match(r"mid_block\.(resnets|attentions)\.(\d+)\.(.*)", name):
         if m[1] == "attentions":
-            return "middle_block.1." + _unet_attention(m[3])
-        return f"middle_block.{2 * int(m[2])}." + _unet_resnet(m[3])
+            return "middle_block.1." + _rename(m[3], _UNET_ATTENTION)
+        return f"middle_block.{2 * int(m[2])}." + _rename(m[3], _UNET_RESNET)
     return _rename(name, _UNET_TOP)
-
-
-def _vae_resnet(rest: str) -> str:
-    if rest.startswith("spatial_res_block."):
-        rest = rest[len("spatial_res_block."):]
-    elif rest.startswith("temporal_res_block."):
-        return _rename(rest[len("temporal_res_block."):], _VAE_TEMPORAL)
-    elif rest.startswith("time_mixer."):
-        return rest[len("time_mixer."):]
-    return _rename(rest, {"conv_shortcut.": "nin_shortcut."})
 
 
 def vae_name(name: str, config: RefinerConfig) -> str:
@@ -97,12 +74,12 @@ def vae_name(name: str, config: RefinerConfig) -> str:
         part, way, i, kind, j, rest = m[1], m[2], int(m[3]), m[4], m[5], m[6]
         level = i if way == "down" else levels - 1 - i  # LDM numbers decoder levels from full resolution up
         if kind == "resnets":
-            return f"{part}.{way}.{level}.block.{j}.{_vae_resnet(rest)}"
+            return f"{part}.{way}.{level}.block.{j}.{_rename(rest, _VAE_RESNET)}"
         return f"{part}.{way}.{level}.{'downsample' if way == 'down' else 'upsample'}.{rest}"
     if m := re.match(r"(encoder|decoder)\.mid_block\.(resnets|attentions)\.(\d+)\.(.*)", name):
         if m[2] == "attentions":
             return f"{m[1]}.mid.attn_1.{_rename(m[4], _VAE_ATTN)}"
-        return f"{m[1]}.mid.block_{int(m[3]) + 1}.{_vae_resnet(m[4])}"
+        return f"{m[1]}.mid.block_{int(m[3]) + 1}.{_rename(m[4], _VAE_RESNET)}"
     return _rename(name, {"encoder.conv_norm_out.": "encoder.norm_out.", "decoder.conv_norm_out.": "decoder.norm_out.",
                           "decoder.time_conv_out.": "decoder.conv_out.time_mix_conv."})
 

@@ -93,15 +93,13 @@ class RefinerConfig:
         """Arguments of ``diffusers.UNetSpatioTemporalConditionModel`` for these sizes."""
         down = ["CrossAttnDownBlockSpatioTemporal" if a else "DownBlockSpatioTemporal" for a in self.unet_attention]
         up = ["CrossAttnUpBlockSpatioTemporal" if a else "UpBlockSpatioTemporal" for a in reversed(self.unet_attention)]
-        return {
-            "in_channels": 2 * self.latent_channels, "out_channels": self.latent_channels,
-            "down_block_types": tuple(down), "up_block_types": tuple(up),
-            "block_out_channels": self.unet_channels, "addition_time_embed_dim": self.vector_dim,
-            "projection_class_embeddings_input_dim": 3 * self.vector_dim, "layers_per_block": self.layers_per_block,
-            "cross_attention_dim": self.context_dim, "transformer_layers_per_block": 1,
-            "num_attention_heads": tuple(c // self.head_dim for c in self.unet_channels),
-            "num_frames": self.num_frames,
-        }
+        return {"in_channels": 2 * self.latent_channels, "out_channels": self.latent_channels,
+                "down_block_types": tuple(down), "up_block_types": tuple(up), "block_out_channels": self.unet_channels,
+                "addition_time_embed_dim": self.vector_dim,
+                "projection_class_embeddings_input_dim": 3 * self.vector_dim, "layers_per_block": self.layers_per_block,
+                "cross_attention_dim": self.context_dim, "transformer_layers_per_block": 1,
+                "num_attention_heads": tuple(c // self.head_dim for c in self.unet_channels),
+                "num_frames": self.num_frames}
 
     def encoder_kwargs(self) -> dict[str, Any]:
         """Arguments of ``diffusers.AutoencoderKL``: the conditioning encoder (SD's autoencoder)."""
@@ -112,10 +110,8 @@ class RefinerConfig:
 
     def temporal_vae_kwargs(self) -> dict[str, Any]:
         """Arguments of ``diffusers.AutoencoderKLTemporalDecoder``: the first-stage (temporal) autoencoder."""
-        return {"in_channels": 3, "out_channels": 3,
-                "down_block_types": ("DownEncoderBlock2D",) * len(self.vae_channels),
-                "block_out_channels": self.vae_channels, "layers_per_block": self.vae_layers_per_block,
-                "latent_channels": self.latent_channels, "scaling_factor": self.scale_factor}
+        kwargs = {k: v for k, v in self.encoder_kwargs().items() if k != "up_block_types"}  # its decoder is temporal
+        return {**kwargs, "scaling_factor": self.scale_factor}
 
 
 TERRA = RefinerConfig()  # the published refiner (1.53 B UNet parameters)

@@ -18,10 +18,9 @@ from torch import nn
 
 from terra.core.atomic import atomic_path
 from terra.decoder.frames import images_to_uint8
-from terra.decoder.refiner.checkpoint import match_tensors, read_state_dict
+from terra.decoder.refiner.checkpoint import WRAPPER_PREFIX, key_table, match_tensors, read_state_dict
 from terra.decoder.refiner.config import DECODER_MID_RES_BLOCKS, UNET_RES_BLOCK_EPS, RefinerConfig
-from terra.decoder.refiner.checkpoint import WRAPPER_PREFIX, key_table
-from terra.decoder.refiner.sampler import decode_windows, guidance_scales, plan_passes, sample_pass
+from terra.decoder.refiner.sampler import decode_windows, denoise, guidance_scales, plan_passes
 from terra.tokenizer.base import ImageTokenizer
 
 
@@ -67,17 +66,14 @@ class VideoRefiner(nn.Module):
         refiner.load_state_dict({k: v.reshape(shapes[k]) for k, v in tensors.items()}, strict=True, assign=True)
         return refiner.prepare(device, dtype)
 
-    def published_state_dict(self) -> dict[str, torch.Tensor]:
-        """Tensors under their published names, ``_forward_module.``-prefixed, as Terra's file stores them."""
-        table = key_table({k: v.shape for k, v in self.state_dict().items()}, self.config)
-        own = self.state_dict()
-        return {WRAPPER_PREFIX + published: own[name].detach().reshape(shape).contiguous().cpu()
-                for published, (name, shape) in table.items()}
-
     def save_published(self, path: str | os.PathLike) -> None:
-        """Write ``{"module": published_state_dict}`` atomically (the published file's format)."""
+        """Write the tensors under their published names as Terra's file holds them, atomically."""
+        own = self.state_dict()
+        table = key_table({k: v.shape for k, v in own.items()}, self.config)
+        module = {WRAPPER_PREFIX + published: own[name].detach().reshape(shape).contiguous().cpu()
+                  for published, (name, shape) in table.items()}
         with atomic_path(path) as tmp:
-            torch.save({"module": self.published_state_dict()}, tmp)
+            torch.save({"module": module}, tmp)
 
     def prepare(self, device: str | torch.device, dtype: torch.dtype) -> "VideoRefiner":
         """Move to ``device``: UNet and encoder in ``dtype``, temporal decoder in float32."""
@@ -116,7 +112,10 @@ class VideoRefiner(nn.Module):
         with self._timed(timings, "unet_s"):
             for start, end, drop in plan_passes(len(codes), config.num_frames, config.min_overlap):
                 scales = guidance_scales(end - start, config.num_frames, config.min_guidance, config.max_guidance)
-                latents.append(sample_pass(self, cond[start:end], scales, generator, progress)[drop:])
+                window = cond[start:end]
+                noise = torch.randn((1, *window.shape), generator=generator, dtype=torch.float32).to(window.device)
+                uncond = None if config.guidance == "published" else torch.zeros_like(window)
+                latents.append(denoise(self, noise, window, uncond, scales, progress)[0, drop:])
         with self._timed(timings, "temporal_decode_s"):
             frames = (self.decode_latents(torch.cat(latents)) if latents
                       else torch.zeros(0, 3, config.height, config.width))

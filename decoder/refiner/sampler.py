@@ -68,14 +68,6 @@ def unet_predictor(refiner: "VideoRefiner", cond: torch.Tensor, uncond: torch.Te
     return predict
 
 
-def sample_pass(refiner: "VideoRefiner", cond: torch.Tensor, scales: torch.Tensor, generator: torch.Generator,
-                progress: bool = False) -> torch.Tensor:
-    """Conditioning latents ``[n, C, h, w]`` of one pass → its sampled latents (float32, same shape)."""
-    noise = torch.randn((1, *cond.shape), generator=generator, dtype=torch.float32).to(cond.device)
-    uncond = None if refiner.config.guidance == "published" else torch.zeros_like(cond)
-    return denoise(refiner, noise, cond, uncond, scales, progress)[0]
-
-
 def denoise(refiner: "VideoRefiner", noise: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None,
             scales: torch.Tensor, progress: bool = False) -> torch.Tensor:
     """Euler sampling from unit-variance ``noise [1, n, C, h, w]`` → float32 latents; branches mixed by ``scales``."""

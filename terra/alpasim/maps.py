@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
+import sys
 import time
 from dataclasses import dataclass
 
@@ -11,6 +13,7 @@ import numpy as np
 from PIL import Image, ImageDraw
 
 from terra.contract.routes import ROAD_ENDED, ROUTE_HORIZON_M, TOLD, no_route
+from terra.inputs.ego_motion import to_ego
 from terra.roads import Road, read_clipgt, told_routes_along
 from terra.roads.follow import MAX_HEADING_RAD, MAX_LANE_DISTANCE_M, MIN_ROAD_AHEAD_M
 
@@ -51,14 +54,10 @@ class SessionMap:
 
 def release_map_memory() -> None:
     """Return the memory a map's reading freed to the system."""
-    import sys
-
     if "pyarrow" in sys.modules:
         sys.modules["pyarrow"].default_memory_pool().release_unused()
-    try:
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: its allocator releases memory on its own terms
         ctypes.CDLL(None).malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: its allocator releases memory on its own terms
-        pass
 
 
 def session_map(data: bytes, route_tokens: int, session_id: str) -> SessionMap:
@@ -116,7 +115,7 @@ class TopView:
         image = Image.new("RGB", (self.width, self.height), BACKGROUND)
         draw = ImageDraw.Draw(image)
         for run, owner in self._runs_in_view(pose):
-            points = self._pixels(self._to_rig(self.points[run], pose))
+            points = self._pixels(to_ego(self.points[run], pose))
             draw.line(points, fill=LANE_COLOR if owner < self.lanes else BOUNDARY_COLOR, width=1)
         if route is None or not np.isfinite(route).all():
             draw.text((4, 2), "no route", fill=ROUTE_COLOR)
@@ -141,13 +140,6 @@ class TopView:
         near = self._kept[(np.abs(self.points[self._kept] - xy) <= self.reach).all(axis=1)]
         breaks = np.flatnonzero((np.diff(near) != 1) | (np.diff(self.owner[near]) != 0)) + 1
         return [(run, int(self.owner[run[0]])) for run in np.split(near, breaks) if len(run) > 1]
-
-    @staticmethod
-    def _to_rig(points: np.ndarray, pose: np.ndarray) -> np.ndarray:
-        """World ``points`` ``[N, 2]`` → ``(forward, left)`` in the frame of ``pose``."""
-        c, s = np.cos(pose[2]), np.sin(pose[2])
-        d = points - np.asarray(pose[:2], dtype=np.float64)
-        return np.stack([c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1]], axis=-1)
 
     def _pixels(self, forward_left: np.ndarray) -> list[tuple[float, float]]:
         """``(forward, left)`` metres → ``(u, v)`` pixels: forward up, left to the left."""

@@ -58,8 +58,7 @@ def planar_poses(vec: np.ndarray, quat_wxyz: np.ndarray) -> np.ndarray:
 def step_back(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     """The pose one step before ``first``, at the step from ``first`` to ``second``."""
     step = np.array([*to_ego(second[:2], first), second[2] - first[2]])
-    inverse = np.array([*to_ego(np.zeros(2), step), -step[2]])
-    return compose(first, inverse)
+    return compose(first, np.array([*to_ego(np.zeros(2), step), -step[2]]))
 
 
 class RigTrack:

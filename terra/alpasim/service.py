@@ -43,10 +43,8 @@ def answered(method: Callable) -> Callable:
     def wrapper(self, request, context: grpc.ServicerContext):
         try:
             return method(self, request, context)
-        except RequestError as err:
-            code, details = grpc.StatusCode[err.status], str(err)
-        except TerraInputError as err:
-            code, details = grpc.StatusCode.INVALID_ARGUMENT, str(err)
+        except TerraInputError as err:  # a RequestError names its status
+            code, details = grpc.StatusCode[getattr(err, "status", "INVALID_ARGUMENT")], str(err)
         except Exception as err:  # noqa: BLE001  (the server goes on; the caller gets one line)
             # the traceback's frames are the server's code; its message, which may quote a client, escaped
             log.error("%s failed: %s\n%s", method.__name__, one_line(f"{type(err).__name__}: {err}"),

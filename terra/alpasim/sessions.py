@@ -65,9 +65,6 @@ class Rendered:
     hdmap: list[bytes]  # the HD-map condition frames (empty: not asked)
     committed: bool
 
-    def asked_again(self, times_us: np.ndarray, poses: np.ndarray) -> bool:
-        return np.array_equal(self.times_us, times_us) and np.array_equal(self.poses, poses)
-
 
 def frame_size(asked: tuple[int, int], native: tuple[int, int]) -> tuple[int, int]:
     """The size ``(H, W)`` frames are sent at for a camera that asks for ``asked`` (``(0, 0)``: the model's own)."""
@@ -190,7 +187,7 @@ class SessionTable:
                 raise SessionUnusable(f"session {session_id} failed in an earlier chunk ({session.failed}); close "
                                       "it and start a new one")
             kept = session.last
-            if kept is not None and kept.asked_again(times_us, poses):
+            if kept is not None and np.array_equal(kept.times_us, times_us) and np.array_equal(kept.poses, poses):
                 if not kept.committed:
                     session.track.commit(kept.chunk)
                     kept.committed = True
@@ -234,8 +231,7 @@ class SessionTable:
         """The chunk's codes ``[m, h, w]``, its frames known up front: one request."""
         results = self.engine.steps(session.rollout, actions, self.sampling,
                                     None if routes is None else list(routes)).result()
-        grid = self.pipeline.tokenizer.grid_shape
-        return np.stack([result.codes.reshape(grid) for result in results])
+        return np.stack([result.codes.reshape(self.pipeline.tokenizer.grid_shape) for result in results])
 
     def _encode(self, session: AlpasimSession, codes: np.ndarray) -> list[bytes]:
         return [self._image(rgb if tuple(rgb.shape[:2]) == session.size

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import logging
@@ -128,8 +127,7 @@ def create_app(service: SessionService) -> FastAPI:
 
     @api.post("/sessions", status_code=201)
     async def create_session(request: Request) -> dict:
-        entry = await service.create(await read_json(request))
-        return entry.info()
+        return (await service.create(await read_json(request))).info()
 
     @api.get("/sessions/{session_id}")
     async def get_session(session_id: str) -> dict:
@@ -150,8 +148,7 @@ def create_app(service: SessionService) -> FastAPI:
             raise TerraInputError("the body must be {\"action\": ..., \"codes\": false}, e.g. "
                                   "{\"action\": {\"steer\": 0, \"speed_kmh\": 30}}")
         frame, image, header = await service.step(entry, parse_action(body["action"]))
-        mime = "image/jpeg" if settings.image_format == "jpeg" else "image/png"
-        header["image"] = f"data:{mime};base64,{base64.b64encode(image).decode()}"
+        header["image"] = f"data:image/{settings.image_format};base64,{base64.b64encode(image).decode()}"
         if body.get("codes") is True:
             header["codes"] = frame.codes.tolist()
         return header
@@ -172,8 +169,7 @@ def create_app(service: SessionService) -> FastAPI:
         if format not in VIDEO_FORMATS:
             raise TerraInputError(f"format must be one of {', '.join(VIDEO_FORMATS)} (got {format!r})")
         session = entry.session
-        data = await asyncio.get_running_loop().run_in_executor(
-            service.pool, lambda: video_bytes(session.video(), session.num_context, format))
+        data = await service.run(lambda: video_bytes(session.video(), session.num_context, format))
         headers = {"Content-Disposition": f'attachment; filename="terra-{session.id}.{format}"'}
         return Response(data, media_type=VIDEO_FORMATS[format], headers=headers)
 

@@ -36,8 +36,7 @@ class RequestGuard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):
             return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
-        problem = self._problem(scope, headers)
+        problem = self._problem(scope, {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]})
         if problem is None:
             return await self.app(scope, receive, send)
         status, message = problem
@@ -78,9 +77,8 @@ class RequestGuard:
         if parsed is None:
             return False
         name, given = parsed
-        for entry in self.hosts:  # serve.allowed_hosts: "name" on any port, "name:port" on that one
-            if entry[0] == name and entry[1] in (None, given):
-                return True
+        if (name, None) in self.hosts or (name, given) in self.hosts:  # serve.allowed_hosts: any port, or given's
+            return True
         if given not in (None, port):
             return False
         if name in ("localhost", self.bound):

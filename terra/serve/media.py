@@ -47,8 +47,7 @@ def decode_upload(value: Any, index: int, image_size: tuple[int, int], resize: s
         data = base64.b64decode(_DATA_URL.sub("", value, count=1), validate=True)
     except (binascii.Error, ValueError):
         raise TerraInputError(f"{where} is not valid base64; send the file's bytes base64-encoded") from None
-    image = image_from_bytes(data, where, MAX_UPLOAD_PIXELS)
-    return fit_frame(image, image_size, where, resize)
+    return fit_frame(image_from_bytes(data, where, MAX_UPLOAD_PIXELS), image_size, where, resize)
 
 
 def video_bytes(frames: np.ndarray, num_context: int, video_format: str, fps: float = 10.0) -> bytes:

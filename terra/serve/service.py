@@ -52,17 +52,14 @@ class Entry:
 
     def info(self) -> dict[str, Any]:
         session = self.session
-        return {
-            "id": session.id, "context": session.context.source, "num_context": session.num_context,
-            "route": session.route_source is not None and (TOLD in session.route_told or not session.route_told),
-            "route_source": session.route_source, "routed_steps": session.route_told.count(TOLD),
-            "route_told": session.route_told,
-            "frames": session.num_generated, "max_frames": session.max_frames,
-            "seed": session.rollout.state.seed,
-            "sampling": dataclasses.asdict(session.sampling), "speed_kmh": round(session.driver.speed_kmh, 2),
-            "decoding": session.pass_stats().as_dict(session.sampling),
-            "idle_s": round(time.monotonic() - self.last_used, 3), "sockets": len(self.sockets),
-        }
+        return {"id": session.id, "context": session.context.source, "num_context": session.num_context,
+                "route": session.route_source is not None and (TOLD in session.route_told or not session.route_told),
+                "route_source": session.route_source, "routed_steps": session.route_told.count(TOLD),
+                "route_told": session.route_told, "frames": session.num_generated, "max_frames": session.max_frames,
+                "seed": session.rollout.state.seed, "sampling": dataclasses.asdict(session.sampling),
+                "speed_kmh": round(session.driver.speed_kmh, 2),
+                "decoding": session.pass_stats().as_dict(session.sampling),
+                "idle_s": round(time.monotonic() - self.last_used, 3), "sockets": len(self.sockets)}
 
 
 class SessionService:
@@ -94,7 +91,7 @@ class SessionService:
                              f"to expire")
         self._opening += 1
         try:
-            session = await self._run(lambda: self._open(spec, sampling))
+            session = await self.run(lambda: self._open(spec, sampling))
         finally:
             self._opening -= 1
         entry = Entry(session)
@@ -128,8 +125,7 @@ class SessionService:
         window = host.layout.max_frames - 1
         if not isinstance(images, list) or not 1 <= len(images) <= window:
             raise TerraInputError(f"context.images must be a list of 1 to {window} images (base64 or data URLs)")
-        size = host.pipeline.image_size
-        frames = [decode_upload(value, i, size, host.resize) for i, value in enumerate(images)]
+        frames = [decode_upload(value, i, host.pipeline.image_size, host.resize) for i, value in enumerate(images)]
         return host.open(images=frames, num_context=num_context, **common, **options)
 
     def get(self, session_id: str) -> Entry:
@@ -154,7 +150,7 @@ class SessionService:
         self._opening += 1
         try:
             async with entry.lock:
-                twin = await self._run(entry.session.fork)
+                twin = await self.run(entry.session.fork)
         finally:
             self._opening -= 1
         self.entries[twin.id] = Entry(twin)
@@ -162,7 +158,7 @@ class SessionService:
 
     async def reset(self, entry: Entry) -> None:
         async with entry.lock:
-            await self._run(entry.session.reset)
+            await self.run(entry.session.reset)
             entry.touch()
 
     async def step(self, entry: Entry, action: np.ndarray) -> tuple[Frame, bytes, dict[str, Any]]:
@@ -175,9 +171,8 @@ class SessionService:
             async with entry.lock:
                 entry.touch()
                 started = time.perf_counter()
-                future = entry.session.step_async(action)
-                result = await asyncio.wrap_future(future)
-                frame, image, encode_s = await self._run(lambda: self._render(entry.session, result))
+                result = await asyncio.wrap_future(entry.session.step_async(action))
+                frame, image, encode_s = await self.run(lambda: self._render(entry.session, result))
                 entry.touch()
         finally:
             entry.waiting -= 1
@@ -194,10 +189,9 @@ class SessionService:
     async def context_image(self, entry: Entry) -> str:
         """The session's last context frame as the model sees it, as a data URL."""
         session = entry.session
-        rgb = await self._run(lambda: self.host.decode(session.context.codes[-1:])[0])
-        image = await self._run(lambda: encode_image(rgb, self.settings.image_format, self.settings.jpeg_quality))
-        mime = "image/jpeg" if self.settings.image_format == "jpeg" else "image/png"
-        return f"data:{mime};base64,{base64.b64encode(image).decode()}"
+        image = await self.run(lambda: encode_image(self.host.decode(session.context.codes[-1:])[0],
+                                                     self.settings.image_format, self.settings.jpeg_quality))
+        return f"data:image/{self.settings.image_format};base64,{base64.b64encode(image).decode()}"
 
     def _render(self, session: Session, result) -> tuple[Frame, bytes, float]:
         frame = session.frame(result)
@@ -205,18 +199,17 @@ class SessionService:
         image = encode_image(frame.rgb, self.settings.image_format, self.settings.jpeg_quality)
         return frame, image, time.perf_counter() - start
 
-    async def _run(self, fn: Callable[[], Any]) -> Any:
+    async def run(self, fn: Callable[[], Any]) -> Any:
+        """``fn()`` on the server's thread pool."""
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn)
 
     # ------------------------------------------------------------------ server life
 
     def metrics(self) -> dict[str, Any]:
-        return {
-            "sessions": len(self.entries), "max_sessions": self.settings.max_sessions,
-            "sockets": sum(len(e.sockets) for e in self.entries.values()),
-            "uptime_s": round(time.monotonic() - self.started, 1), "backend": self.host.backend.name,
-            **self.host.engine.metrics(),
-        }
+        return {"sessions": len(self.entries), "max_sessions": self.settings.max_sessions,
+                "sockets": sum(len(e.sockets) for e in self.entries.values()),
+                "uptime_s": round(time.monotonic() - self.started, 1), "backend": self.host.backend.name,
+                **self.host.engine.metrics()}
 
     def start(self) -> None:
         """Start the idle reaper (call on the server's event loop)."""

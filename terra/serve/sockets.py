@@ -42,7 +42,7 @@ class SocketConnection:
         """Serve the socket until the client leaves, stops reading, or the session closes."""
         self.entry.sockets.add(self)
         try:
-            await self._send_text({"type": "ready", "session": self.entry.info(),
+            await self._send({"type": "ready", "session": self.entry.info(),
                                    "context_frame": await self.service.context_image(self.entry)})
             self._tasks = [asyncio.create_task(self._receive()), asyncio.create_task(self._produce())]
             await asyncio.wait(self._tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -77,10 +77,10 @@ class SocketConnection:
             try:
                 self._handle(message)
             except TerraInputError as err:
-                await self._send_text({"type": "error", "message": str(err)})
+                await self._send({"type": "error", "message": str(err)})
             except Exception:  # noqa: BLE001  (a bug: logged; the socket and the server go on)
                 log.exception("session %s: a socket message failed", self.entry.session.id)
-                await self._send_text({"type": "error", "message": "internal error; the server log has it"})
+                await self._send({"type": "error", "message": "internal error; the server log has it"})
 
     def _handle(self, message: dict) -> None:
         """Act on one client message; bad input raises :class:`TerraInputError`."""
@@ -140,7 +140,7 @@ class SocketConnection:
                 if kind == "reset":
                     await self.service.reset(self.entry)
                     self.sent = self.acked = -1
-                    await self._send_text({"type": "reset", "session": self.entry.info(),
+                    await self._send({"type": "reset", "session": self.entry.info(),
                                            "context_frame": await self.service.context_image(self.entry)})
                     continue
                 if kind == "drive":
@@ -152,24 +152,20 @@ class SocketConnection:
                 if not isinstance(err, TerraInputError):
                     log.exception("session %s: a step failed", self.entry.session.id)
                 message = str(err) if isinstance(err, TerraInputError) else "internal error; the server log has it"
-                await self._send_text({"type": "error", "message": message})
+                await self._send({"type": "error", "message": message})
                 continue
             self.sent = header["index"]
-            await self._send_bytes(frame_message(header, image))
+            await self._send(frame_message(header, image))
 
-    async def _send_text(self, value: dict) -> None:
-        await self._send(lambda: self.websocket.send_text(json_text(value)))
-
-    async def _send_bytes(self, data: bytes) -> None:
-        await self._send(lambda: self.websocket.send_bytes(data))
-
-    async def _send(self, send) -> None:
-        """Send within ``send_timeout_s``; a client that does not take it in time is disconnected."""
+    async def _send(self, message: dict | bytes) -> None:
+        """Send JSON text (or a frame's bytes) within ``send_timeout_s``; a client too slow to take it is cut off."""
         if self.closing:
             return
         async with self._send_lock:
+            send = (self.websocket.send_bytes(message) if isinstance(message, bytes)
+                    else self.websocket.send_text(json_text(message)))
             try:
-                await asyncio.wait_for(send(), self.settings.send_timeout_s)
+                await asyncio.wait_for(send, self.settings.send_timeout_s)
             except asyncio.TimeoutError:
                 log.warning("session %s: a socket did not read for %s s; closing it", self.entry.session.id,
                             self.settings.send_timeout_s)
