@@ -231,10 +231,6 @@ def statistic(name: str) -> Statistic:
     """The statistic of :data:`STATISTICS` named ``name``."""
     return next(s for s in STATISTICS if s.name == name)
 
-
-def kendall_tau(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    """Kendall's tau-b of the policies ranked by mean :data:`RANK_METRIC`, world against truth (undefined: NaN)."""
-    try:
-        return _ranking("kendall_tau")(pairs, bootstrap)
-    except Undefined:
-        return undefined(bootstrap)
+KENDALL_TAU = Statistic("kendall_tau", (-1.0, 1.0), _ranking("kendall_tau"),
+                        f"Kendall's tau-b of the policies' mean {RANK_METRIC}, world against truth (measured, not "
+                        "judged)", OUTCOMES, (-1.0, 1.0))

@@ -10,7 +10,7 @@ import numpy as np
 
 from terra.closedloop.outcomes.frames import read_horizons
 from terra.closedloop.study.statistics import (
-    FRAMES, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, kendall_tau, metric_value, outcome_policies,
+    FRAMES, KENDALL_TAU, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, metric_value, outcome_policies,
     ranked_values, undefined, value_or_reason,
 )
 from terra.fidelity.agreement import horizon_summary
@@ -194,9 +194,7 @@ def judge_pairs(name: str, pairs: Sequence[Pair], bootstrap: Bootstrap = Bootstr
             reasons[s.name] = reason
     measured = measurements(pairs, bootstrap) if pairs else {}
     if outcomes:  # measured, not judged
-        tau = widened(kendall_tau(outcomes, bootstrap),
-                      few_clusters_factor(len({p.scenario for p in outcomes}), bootstrap.level))
-        measured["kendall_tau"] = replace(tau, low=float(np.clip(tau.low, -1, 1)), high=float(np.clip(tau.high, -1, 1)))
+        measured["kendall_tau"] = _judged(KENDALL_TAU, outcomes, bootstrap)[0]
     ranking = ranking_of(outcomes) if outcomes else None
     return WorldVerdict(name, values, decisions, len(pairs), measured, differences(pairs, bootstrap), reasons,
                         scenarios, tuple(policies), ranking,
