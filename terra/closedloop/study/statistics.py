@@ -134,17 +134,16 @@ def _lag(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
     return lag_summary([lag for _, lag in kept], [s for s, _ in kept], bootstrap)
 
 
-def metric_value(record: dict, block: str, metric: str) -> float:
-    """A drive's metric (NaN when it has none): ``metrics[block][metric]`` of its record."""
-    value = (record.get("metrics", {}).get(block) or {}).get(metric)
-    return float("nan") if value is None else float(value)
+def paired_values(pairs: Sequence[Pair], block: str, metric: str) -> list[np.ndarray]:
+    """Each pair's ``metrics[block][metric]`` in the world, then in truth (NaN: none)."""
+    return [np.array([(getattr(p, side).get("metrics", {}).get(block) or {}).get(metric) for p in pairs],
+                     dtype=np.float64) for side in ("world", "truth")]
 
 
 def _outcome(block: str, metric: str, scale: float = 1.0) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
     """Median over policies of each one's mean world - truth of a metric (times ``scale``), with its interval."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-        world = np.array([metric_value(p.world, block, metric) for p in pairs]) * scale
-        truth = np.array([metric_value(p.truth, block, metric) for p in pairs]) * scale
+        world, truth = (values * scale for values in paired_values(pairs, block, metric))
         found = policies_median_difference([p.scenario for p in pairs], [p.policy for p in pairs], world, truth,
                                            bootstrap)
         return defined(found, f"no drive records {block}.{metric} in both worlds")
@@ -153,9 +152,8 @@ def _outcome(block: str, metric: str, scale: float = 1.0) -> Callable[[Sequence[
 
 def ranked_values(pairs: Sequence[Pair]) -> list[DriveValues]:
     """The world's and the truth's per-drive :data:`RANK_METRIC` of the outcome policies' drives."""
-    return [DriveValues([p.scenario for p in pairs], [p.policy for p in pairs],
-                        np.array([metric_value(getattr(p, side), "truth", RANK_METRIC) for p in pairs]))
-            for side in ("world", "truth")]
+    return [DriveValues([p.scenario for p in pairs], [p.policy for p in pairs], values)
+            for values in paired_values(pairs, "truth", RANK_METRIC)]
 
 
 def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:

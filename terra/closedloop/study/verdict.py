@@ -10,7 +10,7 @@ import numpy as np
 
 from terra.closedloop.outcomes.frames import read_horizons
 from terra.closedloop.study.statistics import (
-    FRAMES, KENDALL_TAU, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, metric_value, outcome_policies,
+    FRAMES, KENDALL_TAU, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, outcome_policies, paired_values,
     ranked_values, undefined, value_or_reason,
 )
 from terra.fidelity.agreement import horizon_summary
@@ -56,13 +56,9 @@ def metric_names(records: Sequence[dict]) -> list[tuple[str, str]]:
 
 def differences(pairs: Sequence[Pair], bootstrap: Bootstrap) -> dict[str, Interval]:
     """Per metric (``block.metric``), the mean world - truth over the paired drives with its interval."""
-    names = metric_names([record for p in pairs for record in (p.world, p.truth)])
-    found = {}
-    for block, metric in names:
-        world = np.array([metric_value(p.world, block, metric) for p in pairs])
-        truth = np.array([metric_value(p.truth, block, metric) for p in pairs])
-        found[f"{block}.{metric}"] = paired_difference([p.scenario for p in pairs], world, truth, bootstrap)
-    return found
+    scenarios = [p.scenario for p in pairs]
+    return {f"{block}.{metric}": paired_difference(scenarios, *paired_values(pairs, block, metric), bootstrap)
+            for block, metric in metric_names([record for p in pairs for record in (p.world, p.truth)])}
 
 
 @dataclass(frozen=True)
