@@ -16,7 +16,7 @@ from terra.closedloop.study.control_worlds import MODEL_WORLDS
 from terra.closedloop.study.exploit import ExploitStudy, exploit_lines
 from terra.closedloop.study.horizons import PARTS, WorldHorizon, cut_at, within, world_horizon
 from terra.closedloop.study.statistics import (
-    OUTCOMES, RANK_METRIC, STATISTICS, following_gain, paired_values, statistic, value_or_reason,
+    OUTCOMES, RANK_METRIC, STATISTICS, finite_mean, following_gain, paired_values, statistic, value_or_reason,
 )
 from terra.closedloop.study.verdict import (
     FLAGGED, MIN_SCENARIOS, NO_PAIRS, PASSED, TOO_FEW, WorldVerdict, judge_pairs, pairs_of, path_distance_m,
@@ -334,7 +334,7 @@ def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
         mine = [p for p in pairs if p.world["policy"] == name]
         scenarios = [p.scenario for p in mine]
         values = {key: paired_values(mine, *source) for key, (_, source) in COLUMNS.items()}
-        row["model"], row[TRUTH] = ({key: _mean(v[k]) for key, v in values.items()} for k in (0, 1))  # world, truth
+        row["model"], row[TRUTH] = ({key: finite_mean(v[side]) for key, v in values.items()} for side in (0, 1))
         row["difference"] = {key: paired_difference(scenarios, *values[key], bootstrap)
                              for key in COLUMNS} if mine else {key: None for key in COLUMNS}
         row["difference"]["path_distance_m"] = (mean(scenarios, np.array([path_distance_m(p) for p in mine]),
@@ -342,11 +342,6 @@ def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
         row["following_gain_dx"], row["following_gain_dx_reason"] = (
             value_or_reason(following_gain("dx"), mine, bootstrap) if mine else (None, NO_PAIRS))
     return policies
-
-
-def _mean(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite.mean()) if len(finite) else float("nan")
 
 
 def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:

@@ -84,7 +84,7 @@ def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Inte
 
 def _repeated(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
     """Share of moving steps whose world frame changed less than a tenth as much as the reference frame."""
-    labels, shares = [], []
+    labels, shares = [], [np.zeros(0)]
     for p in pairs:
         changes = read_changes(p.world["fidelity"])
         if changes is None:
@@ -92,10 +92,8 @@ def _repeated(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         commanded = read_following(p.world["fidelity"]).commanded[:, 0]
         shares.append(repeated(*changes, commanded))
         labels += [p.scenario] * len(commanded)
-    found = mean(labels, np.concatenate(shares), bootstrap) if shares else None
-    if found is None or not np.isfinite(found.estimate):
-        raise Undefined("no step moved the car while the true frame changed (or the records predate the measure)")
-    return found
+    return defined(mean(labels, np.concatenate(shares), bootstrap),
+                   "no step moved the car while the true frame changed (or the records predate the measure)")
 
 
 def _lane_slope(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
@@ -148,6 +146,12 @@ def _outcome(block: str, metric: str, scale: float = 1.0) -> Callable[[Sequence[
                                            bootstrap)
         return defined(found, f"no drive records {block}.{metric} in both worlds")
     return statistic
+
+
+def finite_mean(values: np.ndarray) -> float:
+    """The mean of the finite ``values`` (NaN: none)."""
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if len(finite) else float("nan")
 
 
 def ranked_values(pairs: Sequence[Pair]) -> list[DriveValues]:

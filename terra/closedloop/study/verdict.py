@@ -10,8 +10,8 @@ import numpy as np
 
 from terra.closedloop.outcomes.frames import read_horizons
 from terra.closedloop.study.statistics import (
-    FRAMES, KENDALL_TAU, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, outcome_policies, paired_values,
-    ranked_values, undefined, value_or_reason,
+    FRAMES, KENDALL_TAU, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, finite_mean, outcome_policies,
+    paired_values, undefined, value_or_reason,
 )
 from terra.fidelity.agreement import horizon_summary
 from terra.stats import (
@@ -81,13 +81,10 @@ class Ranking:
 
 def ranking_of(pairs: Sequence[Pair]) -> Ranking:
     """The per-policy means of :data:`RANK_METRIC` over the outcome policies' paired drives (NaN: none)."""
-    world, truth = ranked_values(pairs)
-    names = tuple(dict.fromkeys(world.policy))
-    means = []
-    for values in (world, truth):
-        kept = [values.value[(np.array(values.policy) == name) & np.isfinite(values.value)] for name in names]
-        means.append(tuple(float(v.mean()) if len(v) else float("nan") for v in kept))
-    return Ranking(names, *means)
+    policies = np.array([p.policy for p in pairs])
+    names = tuple(dict.fromkeys(policies.tolist()))
+    return Ranking(names, *(tuple(finite_mean(values[policies == name]) for name in names)
+                            for values in paired_values(pairs, "truth", RANK_METRIC)))
 
 
 FLAGGED, PASSED, UNDECIDED = "flagged", "passed", "undecided"  # a world's state (WorldVerdict.state)
