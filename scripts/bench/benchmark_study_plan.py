@@ -36,7 +36,7 @@ from terra.closedloop.outcomes import frames as frame_measures
 from terra.closedloop.policies.builtin import policy_factories, policy_names
 from terra.closedloop.recording.files import drive_json, metrics_of
 from terra.closedloop.scenarios import synthetic_scenarios
-from terra.closedloop.study.control_worlds import MODEL_CONTROLS, ROUTE_CONTROLS, SCENE_CONTROLS
+from terra.closedloop.study.control_worlds import CONTROL_WORLDS, MODEL_CONTROLS, ROUTE_CONTROLS, SCENE_CONTROLS
 from terra.closedloop.study.exploit import GRID, METRICS, TRUTH_PROCESSES
 from terra.closedloop.study.report import compare
 from terra.closedloop.worlds import TrueWorld
@@ -63,12 +63,12 @@ def preset() -> dict:
     as terra/closedloop/study/settings.py adds them)."""
     cfg = compose_config("drive", ["study=gpu"])
     route = json.loads((Path(cfg.model.world_model) / "config.json").read_text()).get("num_route_tokens", 0)
-    every = [*SCENE_CONTROLS, *MODEL_CONTROLS, *(ROUTE_CONTROLS if route else ())]
+    every = [name for name in CONTROL_WORLDS if route or name not in ROUTE_CONTROLS]
     controls = every if list(cfg.controls) == ["all"] else list(cfg.controls)
     return {"scenarios": cfg.num_scenarios, "control_scenarios": cfg.num_control_scenarios, "steps": cfg.num_steps,
             "policies": policy_names(list(cfg.policies)),
             "scene_controls": [c for c in controls if c in SCENE_CONTROLS],
-            "model_controls": [c for c in controls if c in MODEL_CONTROLS or c in ROUTE_CONTROLS],
+            "model_controls": [c for c in controls if c in MODEL_CONTROLS],
             "exploitability": bool(cfg.exploitability), "engine": cfg.shard_processes.engine,
             "scene": cfg.shard_processes.scene, "writers": cfg.writer_processes, "cores": 16}
 

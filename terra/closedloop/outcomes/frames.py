@@ -55,10 +55,9 @@ def measure_frames(drive: Drive, device: str | None = None) -> dict[str, Any] | 
 
 def _floats(values: Any, columns: int | None = None) -> np.ndarray:
     """A JSON list (nulls for NaN) as a float array."""
-    array = np.array([np.nan if v is None else v for v in values] if columns is None else
-                     [[np.nan] * columns if v is None else [np.nan if x is None else x for x in v] for v in values],
-                     dtype=np.float64)
-    return array.reshape(-1, columns) if columns is not None else array
+    if columns is None:
+        return np.array(values, dtype=np.float64)
+    return np.array([[np.nan] * columns if v is None else v for v in values], dtype=np.float64).reshape(-1, columns)
 
 
 def read_following(record: dict) -> Following:

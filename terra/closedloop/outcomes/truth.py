@@ -92,5 +92,4 @@ def metrics_until(metrics: dict, frames: int) -> dict | None:
     series = metrics.get("per_frame")
     if not series or frames < 1:
         return None
-    return _summary({key: np.array([np.nan if v is None else v for v in values[:frames]], dtype=np.float64)
-                     for key, values in series.items()})
+    return _summary({key: np.array(values[:frames], dtype=np.float64) for key, values in series.items()})

@@ -10,7 +10,6 @@ import numpy as np
 from terra.closedloop.scenarios import Scenario
 from terra.closedloop.study.control_roads import fed_motion_road, foreign_road, no_road
 from terra.closedloop.worlds import ModelWorld, Road, TrueWorld, pose_key
-from terra.core.errors import TerraInputError
 
 GRAY_LEVEL = 128
 LATE_STEPS = 10  # 1 s at 10 Hz
@@ -98,11 +97,9 @@ class LateWorld(KeepingWorld):
         return [np.asarray(scenario.start_pose, dtype=np.float64)] * LATE_STEPS  # the poses shown next
 
     def step(self, drives, actions, poses) -> list[np.ndarray | BaseException]:
-        shown = []
         for drive, pose in zip(drives, poses):
             drive.state.append(np.asarray(pose, dtype=np.float64))
-            shown.append(drive.state.pop(0))
-        return self.rendered(drives, shown)
+        return self.rendered(drives, [drive.state.pop(0) for drive in drives])
 
 
 def shifted_left(pose: np.ndarray, metres: float) -> np.ndarray:
@@ -207,16 +204,16 @@ def straightened(action: np.ndarray) -> np.ndarray:
 
 
 class ModelControlWorld:
-    """The world model fed ``transform(action)`` and the routes of ``road_of(scenario)`` (None: its own)."""
+    """The world model fed ``transform(action)`` (None: the action) and the routes of ``road_of(scenario)``."""
 
-    def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray] | None = None,
-                 road_of: Callable[[Scenario], Road] | None = None) -> None:
+    def __init__(self, name: str, model: ModelWorld, transform: Callable[[np.ndarray], np.ndarray] | None,
+                 road_of: Callable[[Scenario], Road]) -> None:
         self.name, self.model, self.transform, self.road_of = name, model, transform, road_of
         self.generate_s = 0.0
         self.decode_s = 0.0
 
     def open(self, scenario: Scenario, seed: int, max_frames: int) -> Any:
-        return self.model.open(scenario, seed, max_frames, None if self.road_of is None else self.road_of(scenario))
+        return self.model.open(scenario, seed, max_frames, self.road_of(scenario))
 
     def context_frames(self, drive) -> np.ndarray:
         return self.model.context_frames(drive)
@@ -251,23 +248,19 @@ SCENE_CONTROLS: dict[str, Callable[[Sequence[int]], Any]] = {  # name -> its bui
     "offset_camera": OffsetCameraWorld, "fast": FastWorld, "slow": SlowWorld, "under_turning": TurningWorld,
     "over_turning": OverTurningWorld, "stutter": StutterWorld,
 }
-MODEL_CONTROLS: dict[str, tuple[Callable[[np.ndarray], np.ndarray], Callable[[Scenario], Road]]] = {
-    "zero_actions": (standing_still, fed_motion_road(False)), "straight": (straightened, fed_motion_road(True)),
-}  # name -> what the model is fed for an action, and the road its routes are read from
 ROUTE_CONTROLS: dict[str, Callable[[Scenario], Road]] = {  # name -> the road a drive's routes are read from
     "wrong_route": foreign_road, "no_route": no_road,
 }
-CONTROL_WORLDS = (*SCENE_CONTROLS, *MODEL_CONTROLS, *ROUTE_CONTROLS)
-MODEL_WORLDS = ("model", *MODEL_CONTROLS, *ROUTE_CONTROLS)  # worlds whose frames the world model makes
+MODEL_CONTROLS: dict[str, tuple[Callable[[np.ndarray], np.ndarray] | None, Callable[[Scenario], Road]]] = {
+    "zero_actions": (standing_still, fed_motion_road(False)), "straight": (straightened, fed_motion_road(True)),
+    **{name: (None, road_of) for name, road_of in ROUTE_CONTROLS.items()},
+}  # name -> what the model is fed for an action (None: the action), and the road its routes are read from
+CONTROL_WORLDS = (*SCENE_CONTROLS, *MODEL_CONTROLS)
+MODEL_WORLDS = ("model", *MODEL_CONTROLS)  # worlds whose frames the world model makes
 
 
 def control_world(name: str, image_size: Sequence[int], model: ModelWorld | None = None):
     """The built-in control world ``name`` (:data:`CONTROL_WORLDS`); the model's controls need ``model``."""
-    if name in MODEL_CONTROLS or name in ROUTE_CONTROLS:
-        if model is None:
-            raise TerraInputError(f"the control world {name} is the world model fed other inputs: it needs a model "
-                                  "world")
-        if name in ROUTE_CONTROLS:
-            return ModelControlWorld(name, model, road_of=ROUTE_CONTROLS[name])
+    if name in MODEL_CONTROLS:
         return ModelControlWorld(name, model, *MODEL_CONTROLS[name])
     return SCENE_CONTROLS[name](image_size)

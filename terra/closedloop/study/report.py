@@ -16,7 +16,7 @@ from terra.closedloop.study.control_worlds import MODEL_WORLDS
 from terra.closedloop.study.exploit import ExploitStudy, exploit_lines
 from terra.closedloop.study.horizons import PARTS, WorldHorizon, cut_at, within, world_horizon
 from terra.closedloop.study.statistics import (
-    OUTCOMES, RANK_METRIC, STATISTICS, following_gain, metric_value, statistic, value_or_reason,
+    OUTCOMES, RANK_METRIC, STATISTICS, finite_mean, following_gain, paired_values, statistic, value_or_reason,
 )
 from terra.closedloop.study.verdict import (
     FLAGGED, MIN_SCENARIOS, NO_PAIRS, PASSED, TOO_FEW, WorldVerdict, judge_pairs, pairs_of, path_distance_m,
@@ -333,22 +333,15 @@ def policy_outcomes(model: dict[str, dict], truth: dict[str, dict],
     for name, row in policies.items():
         mine = [p for p in pairs if p.world["policy"] == name]
         scenarios = [p.scenario for p in mine]
-        values = {side: {key: np.array([metric_value(getattr(p, side), *source) for p in mine])
-                         for key, (_, source) in COLUMNS.items()} for side in ("world", "truth")}
-        for world, side in (("model", "world"), (TRUTH, "truth")):
-            row[world] = {key: _mean(v) for key, v in values[side].items()}
-        row["difference"] = {key: paired_difference(scenarios, values["world"][key], values["truth"][key], bootstrap)
+        values = {key: paired_values(mine, *source) for key, (_, source) in COLUMNS.items()}
+        row["model"], row[TRUTH] = ({key: finite_mean(v[side]) for key, v in values.items()} for side in (0, 1))
+        row["difference"] = {key: paired_difference(scenarios, *values[key], bootstrap)
                              for key in COLUMNS} if mine else {key: None for key in COLUMNS}
         row["difference"]["path_distance_m"] = (mean(scenarios, np.array([path_distance_m(p) for p in mine]),
                                                      bootstrap) if mine else None)
         row["following_gain_dx"], row["following_gain_dx_reason"] = (
             value_or_reason(following_gain("dx"), mine, bootstrap) if mine else (None, NO_PAIRS))
     return policies
-
-
-def _mean(values: np.ndarray) -> float:
-    finite = values[np.isfinite(values)]
-    return float(finite.mean()) if len(finite) else float("nan")
 
 
 def study_settings_of(runs: dict[str, dict[str, dict]]) -> dict:

@@ -64,15 +64,12 @@ def terra_drive_settings(cfg: DictConfig, output_dir: str | Path, overrides: Seq
     if (shard_worlds := _checked(cfg, "shard_worlds")) != "all":
         raise TerraInputError(f"shard_worlds={shard_worlds} picks some of a fidelity study's worlds: it needs "
                               "world=both (or shard_worlds=all)")
-    if _checked(cfg, "exploitability"):
-        raise TerraInputError(f"exploitability=true is part of the fidelity study: it needs world=both (got "
-                              f"world={world})")
-    if _checked(cfg, "until") != "once":
-        raise TerraInputError(f"until=decided adds scenarios to a fidelity study until its verdict is decided: it "
-                              f"needs world=both (got world={world})")
-    if _checked(cfg, "within_horizon"):
-        raise TerraInputError(f"within_horizon=true judges a fidelity study's worlds within their horizons: it needs "
-                              f"world=both (got world={world})")
+    for key, refused, what in (
+            ("exploitability", True, "exploitability=true is part of the fidelity study"),
+            ("until", "decided", "until=decided adds scenarios to a fidelity study until its verdict is decided"),
+            ("within_horizon", True, "within_horizon=true judges a fidelity study's worlds within their horizons")):
+        if _checked(cfg, key) == refused:
+            raise TerraInputError(f"{what}: it needs world=both (got world={world})")
     if _shard_processes(cfg).groups:
         raise TerraInputError(f"shard_processes runs a fidelity study as shards of this machine: it needs world=both "
                               f"(got world={world}; python -m terra.closedloop.study.processes shards any run)")

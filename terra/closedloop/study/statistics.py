@@ -84,7 +84,7 @@ def following_gain(component: str) -> Callable[[Sequence[Pair], Bootstrap], Inte
 
 def _repeated(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
     """Share of moving steps whose world frame changed less than a tenth as much as the reference frame."""
-    labels, shares = [], []
+    labels, shares = [], [np.zeros(0)]
     for p in pairs:
         changes = read_changes(p.world["fidelity"])
         if changes is None:
@@ -92,10 +92,8 @@ def _repeated(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
         commanded = read_following(p.world["fidelity"]).commanded[:, 0]
         shares.append(repeated(*changes, commanded))
         labels += [p.scenario] * len(commanded)
-    found = mean(labels, np.concatenate(shares), bootstrap) if shares else None
-    if found is None or not np.isfinite(found.estimate):
-        raise Undefined("no step moved the car while the true frame changed (or the records predate the measure)")
-    return found
+    return defined(mean(labels, np.concatenate(shares), bootstrap),
+                   "no step moved the car while the true frame changed (or the records predate the measure)")
 
 
 def _lane_slope(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
@@ -134,28 +132,32 @@ def _lag(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
     return lag_summary([lag for _, lag in kept], [s for s, _ in kept], bootstrap)
 
 
-def metric_value(record: dict, block: str, metric: str) -> float:
-    """A drive's metric (NaN when it has none): ``metrics[block][metric]`` of its record."""
-    value = (record.get("metrics", {}).get(block) or {}).get(metric)
-    return float("nan") if value is None else float(value)
+def paired_values(pairs: Sequence[Pair], block: str, metric: str) -> list[np.ndarray]:
+    """Each pair's ``metrics[block][metric]`` in the world, then in truth (NaN: none)."""
+    return [np.array([(getattr(p, side).get("metrics", {}).get(block) or {}).get(metric) for p in pairs],
+                     dtype=np.float64) for side in ("world", "truth")]
 
 
 def _outcome(block: str, metric: str, scale: float = 1.0) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
     """Median over policies of each one's mean world - truth of a metric (times ``scale``), with its interval."""
     def statistic(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-        world = np.array([metric_value(p.world, block, metric) for p in pairs]) * scale
-        truth = np.array([metric_value(p.truth, block, metric) for p in pairs]) * scale
+        world, truth = (values * scale for values in paired_values(pairs, block, metric))
         found = policies_median_difference([p.scenario for p in pairs], [p.policy for p in pairs], world, truth,
                                            bootstrap)
         return defined(found, f"no drive records {block}.{metric} in both worlds")
     return statistic
 
 
+def finite_mean(values: np.ndarray) -> float:
+    """The mean of the finite ``values`` (NaN: none)."""
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if len(finite) else float("nan")
+
+
 def ranked_values(pairs: Sequence[Pair]) -> list[DriveValues]:
     """The world's and the truth's per-drive :data:`RANK_METRIC` of the outcome policies' drives."""
-    return [DriveValues([p.scenario for p in pairs], [p.policy for p in pairs],
-                        np.array([metric_value(getattr(p, side), "truth", RANK_METRIC) for p in pairs]))
-            for side in ("world", "truth")]
+    return [DriveValues([p.scenario for p in pairs], [p.policy for p in pairs], values)
+            for values in paired_values(pairs, "truth", RANK_METRIC)]
 
 
 def _ranking(coefficient: str) -> Callable[[Sequence[Pair], Bootstrap], Interval]:
@@ -231,10 +233,6 @@ def statistic(name: str) -> Statistic:
     """The statistic of :data:`STATISTICS` named ``name``."""
     return next(s for s in STATISTICS if s.name == name)
 
-
-def kendall_tau(pairs: Sequence[Pair], bootstrap: Bootstrap) -> Interval:
-    """Kendall's tau-b of the policies ranked by mean :data:`RANK_METRIC`, world against truth (undefined: NaN)."""
-    try:
-        return _ranking("kendall_tau")(pairs, bootstrap)
-    except Undefined:
-        return undefined(bootstrap)
+KENDALL_TAU = Statistic("kendall_tau", (-1.0, 1.0), _ranking("kendall_tau"),
+                        f"Kendall's tau-b of the policies' mean {RANK_METRIC}, world against truth (measured, not "
+                        "judged)", OUTCOMES, (-1.0, 1.0))

@@ -10,8 +10,8 @@ import numpy as np
 
 from terra.closedloop.outcomes.frames import read_horizons
 from terra.closedloop.study.statistics import (
-    FRAMES, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, kendall_tau, metric_value, outcome_policies,
-    ranked_values, undefined, value_or_reason,
+    FRAMES, KENDALL_TAU, OUTCOMES, RANK_METRIC, STATISTICS, Pair, Statistic, finite_mean, outcome_policies,
+    paired_values, undefined, value_or_reason,
 )
 from terra.fidelity.agreement import horizon_summary
 from terra.stats import (
@@ -56,13 +56,9 @@ def metric_names(records: Sequence[dict]) -> list[tuple[str, str]]:
 
 def differences(pairs: Sequence[Pair], bootstrap: Bootstrap) -> dict[str, Interval]:
     """Per metric (``block.metric``), the mean world - truth over the paired drives with its interval."""
-    names = metric_names([record for p in pairs for record in (p.world, p.truth)])
-    found = {}
-    for block, metric in names:
-        world = np.array([metric_value(p.world, block, metric) for p in pairs])
-        truth = np.array([metric_value(p.truth, block, metric) for p in pairs])
-        found[f"{block}.{metric}"] = paired_difference([p.scenario for p in pairs], world, truth, bootstrap)
-    return found
+    scenarios = [p.scenario for p in pairs]
+    return {f"{block}.{metric}": paired_difference(scenarios, *paired_values(pairs, block, metric), bootstrap)
+            for block, metric in metric_names([record for p in pairs for record in (p.world, p.truth)])}
 
 
 @dataclass(frozen=True)
@@ -85,13 +81,10 @@ class Ranking:
 
 def ranking_of(pairs: Sequence[Pair]) -> Ranking:
     """The per-policy means of :data:`RANK_METRIC` over the outcome policies' paired drives (NaN: none)."""
-    world, truth = ranked_values(pairs)
-    names = tuple(dict.fromkeys(world.policy))
-    means = []
-    for values in (world, truth):
-        kept = [values.value[(np.array(values.policy) == name) & np.isfinite(values.value)] for name in names]
-        means.append(tuple(float(v.mean()) if len(v) else float("nan") for v in kept))
-    return Ranking(names, *means)
+    policies = np.array([p.policy for p in pairs])
+    names = tuple(dict.fromkeys(policies.tolist()))
+    return Ranking(names, *(tuple(finite_mean(values[policies == name]) for name in names)
+                            for values in paired_values(pairs, "truth", RANK_METRIC)))
 
 
 FLAGGED, PASSED, UNDECIDED = "flagged", "passed", "undecided"  # a world's state (WorldVerdict.state)
@@ -194,9 +187,7 @@ def judge_pairs(name: str, pairs: Sequence[Pair], bootstrap: Bootstrap = Bootstr
             reasons[s.name] = reason
     measured = measurements(pairs, bootstrap) if pairs else {}
     if outcomes:  # measured, not judged
-        tau = widened(kendall_tau(outcomes, bootstrap),
-                      few_clusters_factor(len({p.scenario for p in outcomes}), bootstrap.level))
-        measured["kendall_tau"] = replace(tau, low=float(np.clip(tau.low, -1, 1)), high=float(np.clip(tau.high, -1, 1)))
+        measured["kendall_tau"] = _judged(KENDALL_TAU, outcomes, bootstrap)[0]
     ranking = ranking_of(outcomes) if outcomes else None
     return WorldVerdict(name, values, decisions, len(pairs), measured, differences(pairs, bootstrap), reasons,
                         scenarios, tuple(policies), ranking,

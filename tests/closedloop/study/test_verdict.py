@@ -19,7 +19,7 @@ from terra.closedloop.loop import DriveSpec, run_drives
 from terra.closedloop.policies.builtin import reference_policy
 from terra.closedloop.scenarios import synthetic_scenarios
 from terra.closedloop.user_world import UserWorld
-from terra.closedloop.study.statistics import RANK_METRIC, STATISTICS, Pair, Statistic, kendall_tau
+from terra.closedloop.study.statistics import KENDALL_TAU, RANK_METRIC, STATISTICS, Pair, Statistic
 from terra.closedloop.study.verdict import metric_names
 from terra.closedloop.worlds import TrueWorld
 from terra.sim.renderer import render
@@ -86,10 +86,10 @@ def ranked_pairs(order: list[float], rng: np.random.Generator) -> list[Pair]:
 
 def test_kendall_pearson_and_mmrv_rank_the_pixel_policies_alone_with_intervals():
     """Pearson's r and the MMRV are judged; Kendall's tau is measured beside them (two nearly tied policies decide
-    it: terra/closedloop/study/statistics.py, ``kendall_tau``)."""
+    it: terra/closedloop/study/statistics.py, ``KENDALL_TAU``)."""
     rank = {s.name: s for s in STATISTICS if s.name in ("pearson_r", "mmrv")}
     assert len(rank) == 2 and "kendall_tau" not in {s.name for s in STATISTICS}
-    rank["kendall_tau"] = Statistic("kendall_tau", (0.5, 1.0), kendall_tau, "")
+    rank["kendall_tau"] = Statistic("kendall_tau", (0.5, 1.0), KENDALL_TAU.compute, "")
     boot, rng = Bootstrap(draws=500), np.random.default_rng(0)
     outcomes = lambda pairs: [p for p in pairs if p.world["policy"] not in ("constant_speed", "brake_hard")]  # noqa
     kept = outcomes(ranked_pairs([0.1, 0.3, 0.5, 0.7], rng))  # the same order, shifted
