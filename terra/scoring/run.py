@@ -37,6 +37,11 @@ class ScoreResult:
     timings: dict[str, float]  # load_s, estimate_s (decode included), total_s
 
 
+def timestamps(num_frames: int) -> torch.Tensor:
+    """The estimator's timestamps ``[num_frames, 1]``."""
+    return torch.linspace(0, (num_frames - 1) * FRAME_INTERVAL_S, num_frames).view(num_frames, 1)
+
+
 def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: ScoringSettings,
              device: torch.device) -> tuple[np.ndarray, np.ndarray]:
     """Estimated class ids ``[N]`` and waypoints ``[N, T, 2]`` (float32) of the videos ``paths``."""
@@ -46,7 +51,7 @@ def estimate(estimator: VideoActionEstimator, paths: list[Path], settings: Scori
     workers = min(settings.num_workers, usable_cores(), len(paths))  # no more than CPUs or videos
     loader = DataLoader(clips, batch_size=settings.batch_size, num_workers=workers, collate_fn=collate,
                         pin_memory=device.type == "cuda")
-    times = torch.linspace(0, (num_frames - 1) * FRAME_INTERVAL_S, num_frames).view(num_frames, 1).to(device)
+    times = timestamps(num_frames).to(device)
     bf16 = settings.dtype == "bfloat16" or (settings.dtype == "auto" and device.type == "cuda")
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     classes, waypoints = np.zeros(len(paths), np.int64), np.zeros((len(paths), num_frames, 2), np.float32)

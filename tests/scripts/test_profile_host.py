@@ -81,8 +81,9 @@ def test_a_stream_of_terra_generate_profiled(bench, tiny_pair, tmp_path, capsys,
                          "backend=hf", "device=cpu", "num_threads=1"])
     client = record["parts"]["client"]
     assert record["frames"] == 4 and (raw / "idle.raw").stat().st_size > 0
-    # the Transformers backend starts no engine core; one an earlier test of this worker left only waits
-    assert set(record["parts"]["engine core"]) <= {bench.WAITING["busy"]}
+    # the Transformers backend starts no engine core; one an earlier test of this worker left only waits, blocked or
+    # spinning on its message queue (a loaded machine samples the spin)
+    assert set(record["parts"]["engine core"]) <= {bench.WAITING["busy"], "executor messages (shared memory, spinning)"}
     busy = {part: count for part, count in client.items() if part != bench.WAITING["busy"]}
     assert max(busy, key=busy.get) == "model execution", client
     printed = capsys.readouterr().out
