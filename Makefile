@@ -85,12 +85,12 @@ browser: $(STAMP)
 	chromium --version
 
 # Two pytest workers (pytest-xdist), one test file each at a time: a file's module fixtures stay in one process and
-# each worker starts its own session engines. Most tests run one torch thread, so two cores halve the suite
-# (40 -> 22 min on 2 cores). TEST_WORKERS=0 runs it in one process.
+# each worker starts its own session engines. Most tests run one torch thread, so two cores nearly halve the suite.
+# TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
 test: install
 	$(VENV)/bin/ruff check .
-	@echo "running the tests: about 40 min on 2 cores; the vLLM tests first start vLLM's CPU engine, 1-5 min" \
+	@echo "running the tests: about 50 min on 2 cores; the vLLM tests first start vLLM's CPU engine, 1-5 min" \
 		"with no test finishing (benchmarks/durations.md)"
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
 
