@@ -6,7 +6,6 @@ import asyncio
 import queue
 import threading
 from collections import OrderedDict
-from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -92,12 +91,17 @@ class StreamingVLLMBackend(VLLMBackend):
 
     def _poll(self) -> list[FrameDone]:
         """The frames finished so far; waits for one up to :data:`POLL_WAIT_S` when frames are queued."""
-        items = []  # none while an error is left to raise
-        if self._error is None and self._pending:
-            with suppress(queue.Empty):
-                items.append(self._done.get(timeout=POLL_WAIT_S))
-            while items and not self._done.empty():  # this thread is its only reader
-                items.append(self._done.get_nowait())
+        if self._error is not None:
+            error, self._error = self._error, None
+            raise error
+        if not self._pending:
+            return []
+        try:
+            items = [self._done.get(timeout=POLL_WAIT_S)]
+        except queue.Empty:
+            return []
+        while not self._done.empty():  # this thread is its only reader
+            items.append(self._done.get_nowait())
         done = []
         for request_id, codes, cached, error in items:
             entry = self._pending.pop(request_id, None)
