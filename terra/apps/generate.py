@@ -21,7 +21,7 @@ from terra.config.files import declared_route_tokens
 from terra.config.checks import MAX_FRAMES, SEED, Range, check_whole_number, plain, select
 from terra.config.output_dir import claim_output_dir, unmark_unused
 from terra.config.outputs import OutputSpec
-from terra.config.schema import check_schema, group, setting
+from terra.config.schema import block_values, check_schema, group, setting
 from terra.config.spec import RunConfig, RunSpec, check_decoder_name, run_spec
 from terra.contract.routes import route_summary
 from terra.core.errors import TerraInputError, clipped
@@ -105,8 +105,7 @@ def generate_spec(cfg: DictConfig) -> GenerateSpec:
     num_frames = check_whole_number(num_frames, "num_frames", 1, "num_frames=16", cap,
                                     bounds=f"from 1 to max_num_frames ({cap})")
     output = OutputSpec.from_mapping(select(cfg, "output"))
-    params = {key.removeprefix("manoeuvre_params."): value for key, value in values.items()
-              if key.startswith("manoeuvre_params.") and value is not None}
+    params = {key: value for key, value in block_values(values, "manoeuvre_params").items() if value is not None}
     context, road, trajectory, manoeuvre = values["context"], values["road"], values["trajectory"], values["manoeuvre"]
     if trajectory is None and manoeuvre == FOLLOW_LANE and context is not None:
         raise TerraInputError(f"manoeuvre={FOLLOW_LANE} keeps the lane of the built-in scene's road, which frames of "

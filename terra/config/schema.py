@@ -119,6 +119,11 @@ def block_settings(block: type, name: str) -> dict[str, Setting]:
     return {key.removeprefix(f"{name}."): item for key, item in schema_settings(block, f"{name}.").items()}
 
 
+def block_values(values: dict[str, Any], name: str) -> dict[str, Any]:
+    """The values of block ``name`` among ``values`` (keyed ``name.field``) by their field names."""
+    return {key.partition(".")[2]: value for key, value in values.items() if key.startswith(f"{name}.")}
+
+
 def check_schema(cfg: Any, schema: type) -> dict[str, Any]:
     """Every setting of ``schema`` in ``cfg`` (an OmegaConf config or nested mappings), checked, by dotted key."""
     return {key: item.check(select(cfg, key)) for key, item in schema_settings(schema).items()}

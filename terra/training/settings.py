@@ -12,7 +12,7 @@ from omegaconf import DictConfig
 from terra.config.backend import device_setting
 from terra.config.checks import Range, check_file_size, required_path, shown
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.config.schema import check_schema, flag, group, setting
+from terra.config.schema import block_values, check_schema, flag, group, setting
 from terra.config.snapshot import checkpoint_path
 from terra.core.errors import TerraInputError
 
@@ -239,21 +239,16 @@ def train_spec(cfg: DictConfig) -> TrainSpec:
                               whole=[CHECKPOINT_DIR, EXPORT_DIR, BEST_DIR, ADAPTER_DIR],
                               inputs=[("data.tokens", data), ("data.recoveries", recoveries),
                                       ("init checkpoint", init)], app=APP)
-    train = block(values, "train")
+    train = block_values(values, "train")
     _check_memory(train["optimizer"], train["weights_dtype"])
-    sample, export = SampleBlock(**block(values, "sample")), ExportBlock(**block(values, "export"))
+    sample, export = SampleBlock(**block_values(values, "sample")), ExportBlock(**block_values(values, "export"))
     if export.best_by == "val_psnr" and not sample.gif:
         raise TerraInputError("export.best_by=val_psnr scores the validation rollouts, which sample.gif=false turns "
                               "off; set sample.gif=true or export.best_by=val_loss")
+    lora = LoraBlock(**block_values(values, "lora")) if finetune == "lora" else None
     return TrainSpec(data=data, val_clips=values["data.val_clips"], recoveries=recoveries, output=output,
-                     resume=values["resume"], init=init, net=NetBlock(**block(values, "net")), finetune=finetune,
-                     lora=LoraBlock(**block(values, "lora")) if finetune == "lora" else None, **train, sample=sample,
-                     export=export, progress=values["progress"])
-
-
-def block(values: dict[str, Any], name: str) -> dict[str, Any]:
-    """The checked settings of block ``name``, by their keys in it."""
-    return {key.partition(".")[2]: value for key, value in values.items() if key.startswith(f"{name}.")}
+                     resume=values["resume"], init=init, net=NetBlock(**block_values(values, "net")), finetune=finetune,
+                     lora=lora, **train, sample=sample, export=export, progress=values["progress"])
 
 
 def _check_memory(optimizer: str, weights: str) -> None:

@@ -10,9 +10,9 @@ from omegaconf import DictConfig
 from terra.config.backend import device_setting
 from terra.config.checks import SEED, Range, plain, required_path
 from terra.config.output_dir import OutputDir, claim_output_dir
-from terra.config.schema import check_schema, flag, setting
+from terra.config.schema import block_values, check_schema, flag, setting
 from terra.core.errors import TerraInputError
-from terra.training.settings import DTYPES, block, check_betas
+from terra.training.settings import DTYPES, check_betas
 
 FAMILIES = ("lfq", "vq")  # model.family
 SOURCES = ("synthetic", "folder")  # data.source: render_frames, load_frames
@@ -133,10 +133,11 @@ def tokenizer_train_spec(cfg: DictConfig) -> TokenizerTrainSpec:
         raise TerraInputError("data.path is required with data.source=folder; pass a folder, glob or video")
     if values["disc.enabled"] and values["disc.ch"] % 16:  # GroupNorm of 32 groups over 2·ch channels
         raise TerraInputError(f"disc.ch must be a multiple of 16 (got {values['disc.ch']}); e.g. disc.ch=64")
-    data = DataBlock(**{**block(values, "data"), "path": values["data.path"] if folder else None})
-    return TokenizerTrainSpec(model=ModelBlock(**block(values, "model")), data=data,
-                              train=_run(cfg, block(values, "train"), data), loss=LossBlock(**block(values, "loss")),
-                              disc=DiscBlock(**block(values, "disc")) if values["disc.enabled"] else None,
+    data = DataBlock(**{**block_values(values, "data"), "path": values["data.path"] if folder else None})
+    return TokenizerTrainSpec(model=ModelBlock(**block_values(values, "model")), data=data,
+                              train=_run(cfg, block_values(values, "train"), data),
+                              loss=LossBlock(**block_values(values, "loss")),
+                              disc=DiscBlock(**block_values(values, "disc")) if values["disc.enabled"] else None,
                               record=plain(cfg))
 
 
